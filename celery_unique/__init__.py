@@ -1,0 +1,53 @@
+"""celery-unique: stop duplicate Celery jobs from being created.
+
+Declare keys on a task (``@app.task(base=UniqueTask, unique_key=...)``) or
+pass them per dispatch; ``apply_async`` returns the existing job instead of
+queueing a duplicate.
+"""
+
+from __future__ import annotations
+
+from celery_unique.exceptions import (
+    BackendUnavailable,
+    CompositionConflict,
+    ImproperlyConfigured,
+    InvalidDeclaration,
+    InvalidKey,
+    InvalidPath,
+    InvalidPayload,
+    InvalidWindow,
+    KeyMismatch,
+    KeySelectorFailed,
+    UniquenessConflict,
+    UniquenessError,
+    UniquenessRequired,
+    UnsupportedCombination,
+)
+from celery_unique.payload import Payload
+from celery_unique.receipt import Disposition, DuplicateMatch
+from celery_unique.stores.base import Scope
+from celery_unique.task import UniqueTask
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "CompositionConflict",
+    "Disposition",
+    "DuplicateMatch",
+    "ImproperlyConfigured",
+    "InvalidDeclaration",
+    "InvalidKey",
+    "InvalidPath",
+    "InvalidPayload",
+    "InvalidWindow",
+    "KeyMismatch",
+    "KeySelectorFailed",
+    "Payload",
+    "Scope",
+    "UniqueTask",
+    "UniquenessConflict",
+    "UniquenessError",
+    "UniquenessRequired",
+    "UnsupportedCombination",
+]

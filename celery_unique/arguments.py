@@ -1,0 +1,123 @@
+"""Task arguments bound to parameter names: the selector's view and the payload.
+
+``send(42)`` and ``send(user_id=42)`` are one payload. The binder is built
+once per task class, so a dispatch pays for one ``Signature.bind`` and no
+introspection.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from kombu.exceptions import EncodeError
+from kombu.utils.json import dumps as kombu_dumps
+
+from celery_unique.exceptions import InvalidPayload
+
+
+class Binder:
+    """Binds ``(args, kwargs)`` to a function's parameters, defaults applied."""
+
+    def __init__(self, function: Callable[..., Any], *, drop_first: bool) -> None:
+        signature = inspect.signature(function)
+        parameters = list(signature.parameters.values())
+        if drop_first and parameters:
+            parameters = parameters[1:]  # `self` of a bound task is not part of the payload
+        self.signature = signature.replace(parameters=parameters)
+        self._var_positional = next(
+            (p.name for p in parameters if p.kind is p.VAR_POSITIONAL), None
+        )
+        self._var_keyword = next((p.name for p in parameters if p.kind is p.VAR_KEYWORD), None)
+
+    def bind(self, args: tuple[Any, ...] | list[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Arguments by name; raises ``TypeError`` when they do not fit the signature."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        if self._var_positional is not None:
+            arguments[self._var_positional] = list(arguments[self._var_positional])
+        if self._var_keyword is not None:
+            # **kwargs entries join the named parameters at the top level.
+            extra = arguments.pop(self._var_keyword)
+            arguments.update(extra)
+        return arguments
+
+
+class ArgumentView(Mapping[str, Any]):
+    """A read-only view of bound arguments: ``job["tenant_id"]`` or ``job.tenant_id``."""
+
+    __slots__ = ("_arguments",)
+
+    def __init__(self, arguments: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_arguments", arguments)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._arguments[name]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._arguments[name]
+        except KeyError:
+            raise AttributeError(f"the task has no argument {name!r}") from None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("task arguments are read-only here")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arguments)
+
+    def __len__(self) -> int:
+        return len(self._arguments)
+
+    def __repr__(self) -> str:
+        return f"ArgumentView({dict(self._arguments)!r})"
+
+
+def json_payload(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments as the worker will receive them, in plain JSON types.
+
+    Encoded with kombu's JSON (datetimes, UUIDs, Decimals become its
+    ``{"__type__", "__value__"}`` markers; tuples become lists) and decoded
+    with the plain JSON decoder, so the markers stay as data and the hash
+    only ever sees JSON.
+    """
+    try:
+        text = kombu_dumps(arguments)
+    except (EncodeError, TypeError, ValueError) as exc:
+        path = _unencodable_path(arguments)
+        where = f" at {path}" if path else ""
+        raise InvalidPayload(
+            f"task arguments cannot be encoded as JSON for hashing{where}: {exc}", path=path
+        ) from exc
+    decoded: dict[str, Any] = json.loads(text)
+    return decoded
+
+
+def _unencodable_path(value: Any, path: str = "") -> str | None:
+    """The jq-style path of the first value kombu's JSON cannot encode, if any."""
+    try:
+        kombu_dumps(value)
+    except (EncodeError, TypeError, ValueError):
+        pass
+    else:
+        return None
+    if isinstance(value, Mapping):
+        for name, item in value.items():
+            if not isinstance(name, str | int | float | bool) and name is not None:
+                return path or "."
+            found = _unencodable_path(item, path + _member(str(name)))
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for position, item in enumerate(value):
+            found = _unencodable_path(item, f"{path}[{position}]")
+            if found:
+                return found
+    return path or "."
+
+
+def _member(name: str) -> str:
+    return f".{name}" if name.isidentifier() and name.isascii() else f".{json.dumps(name)}"

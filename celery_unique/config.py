@@ -1,0 +1,111 @@
+"""Settings, read from the Celery app's configuration at first use, and the store they name.
+
+In Django, ``CELERY_UNIQUE_BACKEND`` and friends arrive through
+``config_from_object("django.conf:settings", namespace="CELERY")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery
+
+from celery_unique.declaration import parse_duration_ms
+from celery_unique.exceptions import ImproperlyConfigured
+from celery_unique.stores import open_store
+from celery_unique.stores.base import Store
+
+logger = logging.getLogger("celery_unique")
+
+#: Every setting with its default.
+DEFAULTS: dict[str, Any] = {
+    "unique_backend": None,
+    "unique_namespace": None,
+    "unique_fail_open": False,
+    "unique_lease": timedelta(hours=1),
+}
+
+_lock = threading.Lock()
+
+
+@dataclass
+class Runtime:
+    """One app's settings and store in this process."""
+
+    backend_url: str
+    namespace: str
+    fail_open: bool
+    lease_ms: int | None
+    #: ``result_expires`` in ms: how long ``exists`` keys outlive their job by default.
+    default_retention_ms: int | None
+    pid: int = field(default_factory=os.getpid)
+    _store: Store | None = None
+    #: Set while the store is unreachable under fail-open, to warn once per outage.
+    outage: bool = False
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            with _lock:
+                if self._store is None:
+                    self._store = open_store(self.backend_url)
+        return self._store
+
+
+def runtime(app: Celery) -> Runtime:
+    """The app's runtime in this process, built at first use (never at import)."""
+    current: Runtime | None = getattr(app, "_celery_unique_runtime", None)
+    if current is None or current.pid != os.getpid():
+        current = _build(app)
+        app._celery_unique_runtime = current  # type: ignore[attr-defined]
+    return current
+
+
+def reset(app: Celery) -> None:
+    """Forget the app's runtime (after changing its settings, e.g. in tests)."""
+    current: Runtime | None = getattr(app, "_celery_unique_runtime", None)
+    if current is not None and current._store is not None and current.pid == os.getpid():
+        current._store.close()
+    app._celery_unique_runtime = None  # type: ignore[attr-defined]
+
+
+def setting(app: Celery, name: str) -> Any:
+    value = app.conf.get(name)
+    return DEFAULTS[name] if value is None else value
+
+
+def _build(app: Celery) -> Runtime:
+    lease = setting(app, "unique_lease")
+    expires = app.conf.get("result_expires")
+    try:
+        lease_ms = parse_duration_ms(lease, "unique_lease")
+        retention_ms = parse_duration_ms(expires, "result_expires")
+    except Exception as exc:
+        raise ImproperlyConfigured(str(exc)) from exc
+    return Runtime(
+        backend_url=_backend_url(app),
+        namespace=str(setting(app, "unique_namespace") or app.main or "celery"),
+        fail_open=bool(setting(app, "unique_fail_open")),
+        lease_ms=lease_ms or None,
+        # Celery reads a result_expires of 0 or None as "never expire".
+        default_retention_ms=retention_ms or None,
+    )
+
+
+def _backend_url(app: Celery) -> str:
+    url = setting(app, "unique_backend")
+    if url:
+        return str(url)
+    broker = app.conf.broker_url or ""
+    if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
+        return broker
+    raise ImproperlyConfigured(
+        "celery-unique has no store: set the Celery setting unique_backend "
+        "(CELERY_UNIQUE_BACKEND in Django), e.g. 'redis://localhost:6379/0' or "
+        "'sqlite:///unique.db'; only a Redis broker is used as the store by default"
+    )

@@ -1,0 +1,237 @@
+"""Uniqueness options, parsed and checked once: when a task class is created.
+
+A malformed declaration (unknown scope, bad window, a key that breaks the key
+rules, a batching task) raises here, at import, not at the first dispatch.
+The same parsers check options given per dispatch, before anything is written.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from celery_unique.arguments import ArgumentView, Binder
+from celery_unique.exceptions import (
+    InvalidDeclaration,
+    InvalidKey,
+    InvalidWindow,
+    KeySelectorFailed,
+    UniquenessRequired,
+    UnsupportedCombination,
+)
+from celery_unique.keyspace import validate_key
+from celery_unique.payload import Payload
+from celery_unique.stores.base import Scope
+
+MAX_WINDOW_MS = 3650 * 24 * 3600 * 1000
+
+#: The per-dispatch options, as accepted by ``apply_async`` and ``signature.set``.
+DISPATCH_OPTIONS = (
+    "unique_key",
+    "unique_while",
+    "unique_window_key",
+    "unique_window",
+    "unique_prefix",
+)
+
+Selector = Callable[[ArgumentView], object]
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpec:
+    """Where a key comes from: exactly one of a literal, a selector or a payload spec."""
+
+    literal: str | None = None
+    selector: Selector | None = None
+    payload: Payload | None = None
+
+    @classmethod
+    def parse(cls, value: object, option: str) -> KeySpec | None:
+        if value is None:
+            return None
+        if isinstance(value, KeySpec):
+            return value
+        if isinstance(value, Payload):
+            return cls(payload=value)
+        if isinstance(value, str):
+            if value == "payload":
+                return cls(payload=Payload())
+            return cls(literal=validate_key(value, what=option))
+        if callable(value):
+            return cls(selector=value)
+        raise InvalidKey(
+            f"{option} must be a str, a selector (callable) or Payload(...), "
+            f"not {type(value).__name__}",
+            value,
+        )
+
+    @property
+    def unscoped(self) -> bool:
+        """``Payload(prefix=False)`` shares the key across task types on its own."""
+        return self.payload is not None and not self.payload.prefix
+
+    def resolve(
+        self, option: str, view: ArgumentView, payload: Callable[[], dict[str, Any]]
+    ) -> str:
+        """The key for one dispatch (without task scope), checked against the key rules."""
+        if self.literal is not None:
+            return self.literal
+        if self.payload is not None:
+            return self.payload.digest(payload())
+        assert self.selector is not None
+        try:
+            key = self.selector(view)
+        except Exception as exc:
+            name = getattr(self.selector, "__qualname__", repr(self.selector))
+            raise KeySelectorFailed(f"{option} selector {name} raised {exc!r}") from exc
+        if key is None:
+            raise UniquenessRequired(f"{option} selector returned None; the key is required")
+        return validate_key(key, what=f"{option} (from selector)")
+
+    def describe(self) -> str:
+        if self.literal is not None:
+            return repr(self.literal)
+        if self.payload is not None:
+            return repr(self.payload)
+        return getattr(self.selector, "__qualname__", "selector")
+
+
+def parse_scope(value: object) -> Scope:
+    try:
+        return Scope(value)
+    except ValueError:
+        names = ", ".join(repr(scope.value) for scope in Scope)
+        raise InvalidDeclaration(f"unique_while must be one of {names}, not {value!r}") from None
+
+
+def parse_window(value: object) -> int:
+    """A window in whole milliseconds: positive, at most 3,650 days."""
+    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
+        raise InvalidWindow(
+            f"unique_window must be a timedelta or a number of seconds, not {value!r}"
+        )
+    if isinstance(value, timedelta):
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        if micros % 1000:
+            raise InvalidWindow(f"unique_window {value} is not a whole number of milliseconds")
+        ms = micros // 1000
+    else:
+        exact = value * 1000
+        if exact != exact or exact in (float("inf"), float("-inf")) or exact != round(exact):
+            raise InvalidWindow(f"unique_window {value!r} s is not a whole number of milliseconds")
+        ms = round(exact)
+    if ms <= 0:
+        raise InvalidWindow(f"unique_window must be positive, not {value!r}")
+    if ms > MAX_WINDOW_MS:
+        raise InvalidWindow(f"unique_window {value!r} is longer than 3,650 days")
+    return ms
+
+
+def parse_duration_ms(value: object, option: str) -> int | None:
+    """A non-negative duration (timedelta or seconds) in ms; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise InvalidDeclaration(f"{option} must be a timedelta or seconds, not {value!r}")
+    if seconds < 0:
+        raise InvalidDeclaration(f"{option} must not be negative, not {value!r}")
+    return round(seconds * 1000)
+
+
+def parse_prefix(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidDeclaration(f"unique_prefix must be True or False, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    """A task class's uniqueness options, checked."""
+
+    key: KeySpec | None = None
+    scope: Scope = Scope.QUEUED
+    #: ``None``: follow the app's ``result_expires``.
+    retention_ms: int | None = None
+    window_key: KeySpec | None = None
+    window_ms: int | None = None
+    prefix: bool = True
+    overridable: bool = False
+    binder: Binder | None = None
+
+    @property
+    def declares_keys(self) -> bool:
+        return self.key is not None or self.window_key is not None
+
+    @classmethod
+    def from_class(cls, task_class: type) -> Declaration:
+        options = {name: inspect.getattr_static(task_class, name) for name in _CLASS_OPTIONS}
+        # A lambda given as a task option became a class attribute and would bind
+        # as a method; keep it a plain function called with the view only.
+        for name in ("unique_key", "unique_window_key"):
+            if inspect.isfunction(options[name]):
+                setattr(task_class, name, staticmethod(options[name]))
+            elif isinstance(options[name], staticmethod):
+                options[name] = options[name].__func__
+        declaration = cls.parse(options)
+        if declaration.declares_keys:
+            _reject_batching(task_class)
+        return replace(declaration, binder=_binder(task_class))
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> Declaration:
+        key = KeySpec.parse(options.get("unique_key"), "unique_key")
+        window_key = KeySpec.parse(options.get("unique_window_key"), "unique_window_key")
+        raw_window = options.get("unique_window")
+        window_ms = None if raw_window is None else parse_window(raw_window)
+        if window_key is not None and window_ms is None:
+            raise InvalidWindow("unique_window_key needs unique_window: a window has no default")
+        return cls(
+            key=key,
+            scope=parse_scope(options.get("unique_while", Scope.QUEUED.value)),
+            retention_ms=parse_duration_ms(options.get("unique_retention"), "unique_retention"),
+            window_key=window_key,
+            window_ms=window_ms,
+            prefix=parse_prefix(options.get("unique_prefix", True)),
+            overridable=bool(options.get("unique_overridable", False)),
+        )
+
+
+def _binder(task_class: type) -> Binder | None:
+    run = inspect.getattr_static(task_class, "run", None)
+    if isinstance(run, staticmethod):
+        return Binder(run.__func__, drop_first=False)
+    if inspect.isfunction(run):
+        return Binder(run, drop_first=True)  # a method, or a bind=True task: drop `self`
+    return None
+
+
+_CLASS_OPTIONS = (
+    "unique_key",
+    "unique_while",
+    "unique_retention",
+    "unique_window_key",
+    "unique_window",
+    "unique_prefix",
+    "unique_overridable",
+)
+
+
+def _reject_batching(task_class: type) -> None:
+    # Only a class that really derives from Batches can be one, so there is
+    # nothing to check (and nothing to import) when celery_batches is not loaded.
+    batches_module = sys.modules.get("celery_batches")
+    batches = getattr(batches_module, "Batches", None)
+    if isinstance(batches, type) and issubclass(task_class, batches):
+        raise UnsupportedCombination(
+            f"{task_class.__name__} is both unique and a celery_batches.Batches task: "
+            "batches run under an id that matches none of their members, so their keys "
+            "could never be released. Deduplicate the producer side instead."
+        )

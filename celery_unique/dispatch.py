@@ -1,0 +1,431 @@
+"""The dispatch path: plan the keys, ask the store once, then publish or hand back.
+
+Everything that can fail on bad input (arguments, selectors, key rules,
+windows, payload encoding) runs in :func:`plan`, before the store or the
+broker is touched. The store decides in one round trip; a publish that fails
+after the store reserved a key rolls the reservation back.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from celery_unique import keyspace
+from celery_unique.arguments import ArgumentView, json_payload
+from celery_unique.config import Runtime, runtime
+from celery_unique.declaration import (
+    DISPATCH_OPTIONS,
+    Declaration,
+    KeySpec,
+    parse_prefix,
+    parse_scope,
+    parse_window,
+)
+from celery_unique.exceptions import (
+    BackendUnavailable,
+    CompositionConflict,
+    KeyMismatch,
+    UniquenessConflict,
+    UnsupportedCombination,
+)
+from celery_unique.fingerprint import policy_digest, request_fingerprint
+from celery_unique.headers import HEADER, VERSION, KeyHeader, read_header
+from celery_unique.receipt import Disposition, DuplicateMatch, stamp
+from celery_unique.stores.base import (
+    ActiveClaim,
+    Claim,
+    Decision,
+    Scope,
+    Verdict,
+    WindowClaim,
+)
+
+if TYPE_CHECKING:
+    from celery import Celery, Task
+
+logger = logging.getLogger("celery_unique")
+
+
+class CallbacksNotAttached(UserWarning):
+    """A reused dispatch carried link/link_error/chain callbacks the existing job will not run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything a dispatch asks of the store, computed before touching it."""
+
+    claim: Claim
+    header: KeyHeader
+    #: Keys as users read them, for messages and logs.
+    active_key: str | None
+    window_key: str | None
+
+
+def take_dispatch_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Remove the uniqueness options from Celery's options; they never reach the broker."""
+    return {name: options.pop(name) for name in DISPATCH_OPTIONS if name in options}
+
+
+def resent_job(app: Celery, task_id: str | None) -> Task[Any, Any] | None:
+    """The running job when this dispatch re-sends it under its own id (retry, replace)."""
+    if task_id is None:
+        return None
+    current = app.current_worker_task
+    if current is not None and current.request.id == task_id:
+        return current
+    return None
+
+
+def plan(
+    task: Task[Any, Any],
+    declaration: Declaration,
+    overrides: Mapping[str, Any],
+    args: Any,
+    kwargs: Any,
+    options: Mapping[str, Any],
+    *,
+    job_id: str,
+    link: Any = None,
+    link_error: Any = None,
+    rt: Runtime,
+) -> Plan | None:
+    """The claim and header for one dispatch, or ``None`` when it has no keys."""
+    dispatch_key = KeySpec.parse(overrides.get("unique_key"), "unique_key")
+    dispatch_window_key = KeySpec.parse(overrides.get("unique_window_key"), "unique_window_key")
+    raw_window = overrides.get("unique_window")
+    dispatch_window = None if raw_window is None else parse_window(raw_window)
+    dispatch_scope = parse_scope(overrides["unique_while"]) if "unique_while" in overrides else None
+    prefix = parse_prefix(overrides.get("unique_prefix", declaration.prefix))
+    if prefix != declaration.prefix and declaration.declares_keys and not declaration.overridable:
+        raise KeyMismatch(
+            f"unique_prefix={prefix} given to {task.name} differs from the declared "
+            f"unique_prefix={declaration.prefix}"
+        )
+    if not (declaration.declares_keys or dispatch_key or dispatch_window_key):
+        return None
+
+    arguments = _bind(declaration, args, kwargs)
+    view = ArgumentView(arguments)
+    cached: list[dict[str, Any]] = []
+
+    def payload() -> dict[str, Any]:
+        if not cached:
+            cached.append(json_payload(arguments))
+        return cached[0]
+
+    def stored(kind: str, spec: KeySpec, option: str) -> tuple[str, str]:
+        key = spec.resolve(option, view, payload)
+        scope = "" if spec.unscoped or not prefix else task.name
+        return keyspace.storage_key(rt.namespace, kind, scope, key), keyspace.display_key(
+            scope, key
+        )
+
+    def choose(
+        declared: KeySpec | None, given: KeySpec | None, kind: str, option: str
+    ) -> tuple[str, str] | None:
+        if declared is None and given is None:
+            return None
+        if declared is None or given is None or declaration.overridable:
+            chosen = given or declared
+            assert chosen is not None
+            return stored(kind, chosen, option)
+        # A declared key always applies: a dispatch may only repeat it.
+        mine, theirs = stored(kind, declared, option), stored(kind, given, option)
+        if mine != theirs:
+            raise KeyMismatch(
+                f"{option} {theirs[1]!r} given to {task.name} differs from the declared "
+                f"key {mine[1]!r}; declare unique_overridable=True to allow replacing it"
+            )
+        return mine
+
+    active = choose(declaration.key, dispatch_key, keyspace.ACTIVE, "unique_key")
+    window = choose(
+        declaration.window_key, dispatch_window_key, keyspace.WINDOW, "unique_window_key"
+    )
+
+    scope = declaration.scope
+    if dispatch_scope is not None:
+        if declaration.key is not None and not declaration.overridable and dispatch_scope != scope:
+            raise KeyMismatch(
+                f"unique_while={dispatch_scope.value!r} given to {task.name} differs from the "
+                f"declared {scope.value!r}"
+            )
+        scope = dispatch_scope
+    window_ms = _choose_window(task, declaration, dispatch_window, window is not None)
+
+    header: KeyHeader = {"v": VERSION}
+    active_claim = window_claim = None
+    if active is not None:
+        lease = None if rt.lease_ms is None else rt.lease_ms + _wait_ms(options)
+        active_claim = ActiveClaim(key=active[0], scope=scope, lease_ms=lease)
+        header["a"], header["s"] = active[0], scope.value
+        if scope is Scope.EXISTS:
+            header["r"] = (
+                declaration.retention_ms
+                if declaration.retention_ms is not None
+                else rt.default_retention_ms
+            )
+    if window is not None:
+        assert window_ms is not None
+        header["w"] = window[0]
+        keys = {
+            "active": active[0] if active else None,
+            "scope": scope.value if active else None,
+            "window": window[0],
+            "window_ms": window_ms,
+        }
+        window_claim = WindowClaim(
+            key=window[0],
+            window_ms=window_ms,
+            fingerprint=request_fingerprint(
+                task_name=task.name,
+                payload=payload(),
+                options=options,
+                keys=keys,
+                headers=options.get("headers"),
+                link=link,
+                link_error=link_error,
+            ),
+            policy=policy_digest(task, options),
+        )
+    handoff = None
+    if active_claim is not None and scope is not Scope.QUEUED:
+        handoff = _running_holder(task.app, active_claim.key)
+    return Plan(
+        claim=Claim(
+            job_id=job_id,
+            task=task.name,
+            active=active_claim,
+            window=window_claim,
+            handoff_from=handoff,
+        ),
+        header=header,
+        active_key=active[1] if active else None,
+        window_key=window[1] if window else None,
+    )
+
+
+def _bind(declaration: Declaration, args: Any, kwargs: Any) -> dict[str, Any]:
+    if declaration.binder is None:
+        return dict(kwargs or {})
+    return declaration.binder.bind(tuple(args or ()), dict(kwargs or {}))
+
+
+def _choose_window(
+    task: Task[Any, Any], declaration: Declaration, given: int | None, has_window_key: bool
+) -> int | None:
+    declared = declaration.window_ms
+    locked = declaration.window_key is not None and not declaration.overridable
+    if locked and declared is not None and given is not None and given != declared:
+        raise KeyMismatch(
+            f"unique_window of {given} ms given to {task.name} differs from the declared "
+            f"{declared} ms"
+        )
+    window = given if given is not None else declared
+    if has_window_key and window is None:
+        from celery_unique.exceptions import InvalidWindow
+
+        raise InvalidWindow("unique_window_key needs unique_window: a window has no default")
+    return window
+
+
+def _wait_ms(options: Mapping[str, Any]) -> int:
+    """How long the job waits before it may run (countdown/eta): its lease covers that."""
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0, round(float(countdown) * 1000))
+    eta = options.get("eta")
+    if isinstance(eta, str):
+        eta = datetime.fromisoformat(eta)
+    if isinstance(eta, datetime):
+        now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
+        return max(0, round((eta - now).total_seconds() * 1000))
+    return 0
+
+
+def _running_holder(app: Celery, active_key: str) -> str | None:
+    """The running job that holds ``active_key``, when it dispatches its own successor."""
+    current = app.current_worker_task
+    if current is None:
+        return None
+    header = read_header(current.request)
+    if header is not None and header.get("a") == active_key:
+        job_id: str | None = current.request.id
+        return job_id
+    return None
+
+
+def with_header(options: dict[str, Any], header: KeyHeader) -> dict[str, Any]:
+    headers = dict(options.get("headers") or {})
+    headers[HEADER] = header
+    options["headers"] = headers
+    return options
+
+
+def decide_one(rt: Runtime, claim: Claim) -> Decision | None:
+    """The store's decision; ``None`` when the store is down and fail-open is on."""
+    try:
+        decision = rt.store.decide([claim])[0]
+    except BackendUnavailable as exc:
+        if not rt.fail_open:
+            raise
+        if not rt.outage:
+            rt.outage = True
+            logger.warning(
+                "uniqueness store unreachable, publishing without uniqueness (fail-open): %s",
+                exc,
+            )
+        return None
+    if rt.outage:
+        rt.outage = False
+        logger.warning("uniqueness store reachable again; uniqueness restored")
+    return decision
+
+
+def conclude(
+    task: Task[Any, Any],
+    rt: Runtime,
+    plan: Plan,
+    decision: Decision,
+    publish: Callable[[], AsyncResult[Any]],
+    *,
+    callbacks: bool = False,
+) -> AsyncResult[Any]:
+    """Publish for a created verdict (rolling back if that fails), else hand back or raise."""
+    verdict = decision.verdict
+    if verdict.publishes:
+        try:
+            result = publish()
+        except BaseException:
+            if verdict is Verdict.CREATED:
+                _rollback(rt, plan.claim)
+            raise
+        return stamp(result)
+    if verdict is Verdict.CONFLICT:
+        logger.warning(
+            "%s: window key %r already used by job %s with a different request",
+            task.name,
+            plan.window_key,
+            decision.job_id,
+        )
+        raise UniquenessConflict(
+            f"window key {plan.window_key!r} of {task.name} is already used by job "
+            f"{decision.job_id} for a different request (payload, routing, start time, "
+            "headers or callbacks differ)",
+            conflicting_job_id=decision.job_id,
+        )
+    if verdict is Verdict.COMPOSITION_CONFLICT:
+        logger.warning(
+            "%s: window key %r and active key %r point at different jobs %s",
+            task.name,
+            plan.window_key,
+            plan.active_key,
+            ", ".join(decision.conflicting_job_ids),
+        )
+        raise CompositionConflict(
+            f"window key {plan.window_key!r} points at job {decision.conflicting_job_ids[0]} "
+            f"but active key {plan.active_key!r} is held by job "
+            f"{decision.conflicting_job_ids[-1]}",
+            conflicting_job_ids=decision.conflicting_job_ids,
+        )
+    match = DuplicateMatch.WINDOW if verdict is Verdict.REUSED_WINDOW else DuplicateMatch.ACTIVE
+    matched_key = plan.window_key if match is DuplicateMatch.WINDOW else plan.active_key
+    logger.info(
+        "%s: reused job %s (%s key %r)%s",
+        task.name,
+        decision.job_id,
+        match.value,
+        matched_key,
+        " with policy drift" if decision.policy_drift else "",
+    )
+    result = task.AsyncResult(decision.job_id)
+    dropped = callbacks and match is DuplicateMatch.ACTIVE
+    result.callbacks_dropped = dropped  # type: ignore[attr-defined]
+    if dropped:
+        warnings.warn(
+            f"{task.name}: dispatch reused job {decision.job_id} (active key {matched_key!r}); "
+            "its link/link_error/chain callbacks are not attached to that job and will not run",
+            CallbacksNotAttached,
+            stacklevel=4,
+        )
+    return stamp(result, Disposition.REUSED, match, policy_drift=decision.policy_drift)
+
+
+def _rollback(rt: Runtime, claim: Claim) -> None:
+    try:
+        rt.store.rollback(claim)
+    except Exception:
+        # The publish error is the one to raise; the key's lease frees it later.
+        logger.exception(
+            "could not roll back the keys of job %s after a failed publish", claim.job_id
+        )
+
+
+def apply_unique(
+    task: Task[Any, Any],
+    send: Callable[..., AsyncResult[Any]],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    link: Any,
+    link_error: Any,
+    options: dict[str, Any],
+) -> AsyncResult[Any]:
+    """``apply_async`` of a unique task. ``send`` is Celery's own ``apply_async``."""
+    overrides = take_dispatch_options(options)
+    declaration: Declaration = task.__unique__  # type: ignore[attr-defined]
+    app = task.app
+
+    def publish(job_id: str | None, header: KeyHeader | None = None) -> AsyncResult[Any]:
+        opts = with_header(options, header) if header is not None else options
+        return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts)
+
+    resent = resent_job(app, task_id)
+    if resent is not None:
+        # retry() or replace(): the same job again, never a duplicate of itself.
+        header = read_header(resent.request)
+        return stamp(publish(task_id, header))
+    if not (overrides or declaration.declares_keys):
+        return stamp(publish(task_id))
+
+    rt = runtime(app)
+    job_id = task_id or uuid()
+    planned = plan(
+        task,
+        declaration,
+        overrides,
+        args,
+        kwargs,
+        options,
+        job_id=job_id,
+        link=link,
+        link_error=link_error,
+        rt=rt,
+    )
+    if planned is None:
+        return stamp(publish(task_id))
+    if options.get("chord"):
+        raise UnsupportedCombination(
+            f"{task.name} is unique and a chord header member: if it were deduplicated the "
+            "chord would wait for it forever. Deduplicate the chord as a whole instead."
+        )
+    decision = decide_one(rt, planned.claim)
+    if decision is None:
+        return stamp(publish(task_id))
+    callbacks = bool(link or link_error or options.get("chain"))
+    return conclude(
+        task,
+        rt,
+        planned,
+        decision,
+        lambda: publish(job_id, planned.header),
+        callbacks=callbacks,
+    )

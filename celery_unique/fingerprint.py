@@ -1,0 +1,80 @@
+"""The request fingerprint stored with a window key, and the policy digest beside it.
+
+Two dispatches are "the same request" when everything that shapes the job's
+effect matches: task, payload, routing, priority, requested start time, the
+uniqueness keys themselves, user headers and callbacks. Retry and time-limit
+settings are kept apart, in the policy digest: a difference there is drift
+(the existing job keeps its settings), not a conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from celery_unique.arguments import json_payload
+from celery_unique.canonical import canonical_digest
+
+#: Version of what a fingerprint covers; part of the digest.
+FINGERPRINT_VERSION = 1
+#: Stored digests are truncated: 128 bits tell requests apart, 64 bits tell policies apart.
+FINGERPRINT_HEX = 32
+POLICY_HEX = 16
+
+_ROUTING = ("queue", "exchange", "routing_key", "priority")
+_TASK_POLICY = (
+    "max_retries",
+    "retry_backoff",
+    "retry_backoff_max",
+    "retry_jitter",
+    "default_retry_delay",
+    "time_limit",
+    "soft_time_limit",
+    "expires",
+)
+
+
+def _name(value: Any) -> Any:
+    # Queue and Exchange objects are identified by their names.
+    return getattr(value, "name", value)
+
+
+def _when(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def request_fingerprint(
+    *,
+    task_name: str,
+    payload: Mapping[str, Any],
+    options: Mapping[str, Any],
+    keys: Mapping[str, Any],
+    headers: Mapping[str, Any] | None,
+    link: Any,
+    link_error: Any,
+) -> str:
+    """Digest of everything that makes two dispatches the same request."""
+    document = {
+        "v": FINGERPRINT_VERSION,
+        "task": task_name,
+        "payload": payload,
+        "routing": {name: _name(options.get(name)) for name in _ROUTING},
+        "start": {"eta": _when(options.get("eta")), "countdown": options.get("countdown")},
+        "keys": dict(keys),
+        # Headers and callbacks may hold any serializable value: hash them in
+        # the form the broker will carry.
+        "extra": json_payload(
+            {"headers": dict(headers or {}), "link": link, "link_error": link_error}
+        ),
+    }
+    return canonical_digest(document)[:FINGERPRINT_HEX]
+
+
+def policy_digest(task: Any, options: Mapping[str, Any]) -> str:
+    """Digest of retry, time-limit and expiry settings: differences are drift only."""
+    document = {
+        name: _when(options[name]) if options.get(name) is not None else getattr(task, name, None)
+        for name in _TASK_POLICY
+    }
+    return canonical_digest(json_payload(document))[:POLICY_HEX]

@@ -1,0 +1,39 @@
+"""The one message header that carries a job's keys from producer to worker.
+
+Keys are computed once, on the producer; the worker only reads them back.
+One namespaced header, so nothing collides with Celery's own header names.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+HEADER = "celery_unique"
+VERSION = 1
+
+
+class KeyHeader(TypedDict, total=False):
+    v: int
+    #: Storage key of the active-type key, if any.
+    a: str
+    #: Its scope: "queued" | "active" | "exists".
+    s: str
+    #: For "exists": ms to keep the key after the job finishes (None: forever).
+    r: int | None
+    #: Storage key of the window key, if any (never released; for operators).
+    w: str
+
+
+def read_header(source: Any) -> KeyHeader | None:
+    """The key header of a request, a message or a headers dict; ``None`` without one.
+
+    Tolerates jobs sent by producers without the plugin and headers from a
+    future version (ignored rather than misread).
+    """
+    headers = source if isinstance(source, dict) else getattr(source, "headers", None)
+    value = headers.get(HEADER) if isinstance(headers, dict) else None
+    if value is None and not isinstance(source, dict):
+        value = getattr(source, HEADER, None)
+    if isinstance(value, dict) and value.get("v") == VERSION:
+        return value  # type: ignore[return-value]
+    return None

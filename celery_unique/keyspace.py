@@ -1,0 +1,70 @@
+"""Key rules (what a valid key is) and the layout of keys in a store.
+
+A storage key reads ``unique:v1:{<namespace>}:<kind>:<scope>\\x1f<key>``:
+``v1`` versions the layout so a future change never orphans live keys; the
+``{namespace}`` hash tag puts every key of a namespace in one Redis Cluster
+slot (one decision may touch an active and a window key); ``<scope>`` is the
+task name, or empty for keys shared by every task (``unique_prefix=False``);
+the unit separator cannot occur in a valid key, so no two (scope, key) pairs
+ever share a storage key.
+"""
+
+from __future__ import annotations
+
+import re
+
+from celery_unique.exceptions import InvalidKey
+
+MAX_KEY_BYTES = 512
+PREFIX = "unique:v1:"
+SEPARATOR = "\x1f"
+ACTIVE = "a"
+WINDOW = "w"
+
+# Unicode category Cc is exactly these two ranges.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def validate_key(key: object, *, what: str = "key") -> str:
+    """Return ``key`` if it follows the key rules, else raise ``invalid_key``."""
+    if not isinstance(key, str):
+        raise InvalidKey(f"{what} must be a str, not {type(key).__name__}", key)
+    if not key:
+        raise InvalidKey(f"{what} must not be empty", key)
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidKey(f"{what} is not valid Unicode ({exc.reason})", key) from None
+    if size > MAX_KEY_BYTES:
+        raise InvalidKey(f"{what} is {size} bytes as UTF-8; at most {MAX_KEY_BYTES}", key)
+    control = _CONTROL.search(key)
+    if control:
+        raise InvalidKey(
+            f"{what} contains control character U+{ord(control.group()):04X} "
+            f"at position {control.start()}",
+            key,
+        )
+    return key
+
+
+def namespace_prefix(namespace: str) -> str:
+    return f"{PREFIX}{{{namespace}}}:"
+
+
+def storage_key(namespace: str, kind: str, scope: str, key: str) -> str:
+    """The key as stored: versioned, namespaced, scoped to a task name (or not)."""
+    return f"{PREFIX}{{{namespace}}}:{kind}:{scope}{SEPARATOR}{key}"
+
+
+def display_key(scope: str, key: str) -> str:
+    """The key as users read it: ``<task name>:<key>``, or the bare key when unscoped."""
+    return f"{scope}:{key}" if scope else key
+
+
+def split_storage_key(stored: str) -> tuple[str, str, str, str]:
+    """``(namespace, kind, scope, key)`` of a storage key."""
+    rest = stored[len(PREFIX) :]
+    namespace, _, rest = rest.partition("}:")
+    kind, _, rest = rest.partition(":")
+    scope, _, key = rest.partition(SEPARATOR)
+    return namespace.lstrip("{"), kind, scope, key

@@ -1,0 +1,39 @@
+"""Store selection by URL scheme: one alias map, so a new store is one file and one line."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from celery_unique.stores.base import Store
+
+#: scheme -> "module:factory"; each factory takes the full URL.
+STORES: dict[str, str] = {
+    "redis": "celery_unique.stores.redis:RedisStore.from_url",
+    "rediss": "celery_unique.stores.redis:RedisStore.from_url",
+    "unix": "celery_unique.stores.redis:RedisStore.from_url",
+    "sqlite": "celery_unique.stores.sqlite:SQLiteStore.from_url",
+    "memory": "celery_unique.stores.memory:MemoryStore.from_url",
+    "django": "django_integration.store:DjangoStore.from_url",
+}
+
+
+def open_store(url: str) -> Store:
+    """Build the store a ``unique_backend`` URL names."""
+    from celery_unique.exceptions import ImproperlyConfigured
+
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    target = STORES.get(scheme)
+    if target is None:
+        known = ", ".join(f"{name}://" for name in STORES)
+        raise ImproperlyConfigured(
+            f"unique_backend {url!r} has no known scheme; use one of: {known}"
+        )
+    module_name, _, attribute = target.partition(":")
+    module = importlib.import_module(module_name)
+    factory = module
+    for part in attribute.split("."):
+        factory = getattr(factory, part)
+    store: Store = factory(url)  # type: ignore[operator]
+    return store

@@ -1,0 +1,232 @@
+"""The decision rules, written once for every store that runs Python.
+
+Memory, SQLite and the Django store read records inside their own atomic
+section and hand them to these functions, which return what to write. The
+Redis store runs the same rules in Lua (``lua/decide.lua``); the shared
+contract suite holds both to one behaviour.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from celery_unique.stores.base import (
+    Claim,
+    Decision,
+    HeldKey,
+    KeyKind,
+    Scope,
+    Verdict,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A stored key. ``expires_at`` is absolute milliseconds on the store's clock."""
+
+    job_id: str
+    task: str
+    kind: KeyKind
+    scope: Scope | None = None
+    finished: bool = False
+    expires_at: int | None = None
+    fingerprint: str | None = None
+    policy: str | None = None
+
+    def alive(self, now: int) -> bool:
+        return self.expires_at is None or self.expires_at > now
+
+    def held(self, key: str, now: int) -> HeldKey:
+        return HeldKey(
+            key=key,
+            kind=self.kind,
+            job_id=self.job_id,
+            task=self.task,
+            scope=self.scope,
+            finished=self.finished,
+            expires_in_ms=None if self.expires_at is None else max(0, self.expires_at - now),
+            fingerprint=self.fingerprint,
+            policy=self.policy,
+        )
+
+
+class _Unchanged(enum.Enum):
+    TOKEN = "unchanged"
+
+
+#: Returned by a change that leaves the record as it was.
+UNCHANGED = _Unchanged.TOKEN
+
+#: ``None`` in a write set means "delete this key".
+Writes = dict[str, "Record | None"]
+Lookup = Callable[[str], "Record | None"]
+#: A compare-and-set step: the record now and the clock -> the new record.
+Change = Callable[["Record | None", int], "Record | _Unchanged | None"]
+
+
+def claim_keys(claim: Claim) -> list[str]:
+    """Every storage key a claim names, active first."""
+    return [part.key for part in (claim.active, claim.window) if part is not None]
+
+
+def _expiry(now: int, ttl_ms: int | None) -> int | None:
+    return None if ttl_ms is None else now + ttl_ms
+
+
+def decide(
+    claims: Sequence[Claim], lookup: Lookup, now: int, *, all_or_nothing: bool
+) -> tuple[list[Decision], Writes]:
+    """Apply the decision rules to ``claims`` in order; return decisions and writes.
+
+    ``lookup`` reads the store as it was before the batch; this function
+    overlays the batch's own writes so later items see earlier ones.
+    """
+    writes: Writes = {}
+
+    def read(key: str) -> Record | None:
+        record = writes[key] if key in writes else lookup(key)
+        return record if record is not None and record.alive(now) else None
+
+    decisions: list[Decision] = []
+    for claim in claims:
+        decision, item_writes = _decide_one(claim, read, now)
+        decisions.append(decision)
+        if decision.verdict.failed and all_or_nothing:
+            return decisions + _unevaluated(claims[len(decisions) :]), {}
+        writes.update(item_writes)
+    return decisions, writes
+
+
+def _unevaluated(claims: Sequence[Claim]) -> list[Decision]:
+    # Items after a failure in an all-or-nothing batch: nothing was decided for them.
+    return [Decision(Verdict.CREATED, claim.job_id) for claim in claims]
+
+
+def _decide_one(
+    claim: Claim, read: Callable[[str], Record | None], now: int
+) -> tuple[Decision, Writes]:
+    active, window = claim.active, claim.window
+    held = read(active.key) if active else None
+    holder = held.job_id if held else None
+    remembered = read(window.key) if window else None
+
+    if window is not None and remembered is not None:
+        if remembered.fingerprint != window.fingerprint:
+            return Decision(
+                Verdict.CONFLICT, remembered.job_id, conflicting_job_ids=(remembered.job_id,)
+            ), {}
+        if holder is not None and holder != remembered.job_id:
+            return Decision(
+                Verdict.COMPOSITION_CONFLICT,
+                remembered.job_id,
+                conflicting_job_ids=(remembered.job_id, holder),
+            ), {}
+        if remembered.job_id == claim.job_id:
+            return Decision(Verdict.RESENT, claim.job_id), {}
+        drift = remembered.policy != window.policy
+        return Decision(Verdict.REUSED_WINDOW, remembered.job_id, policy_drift=drift), {}
+
+    writes: Writes = {}
+    if window is not None:
+        target = claim.job_id
+        if holder is not None and holder != claim.job_id and not _hands_off(claim, held):
+            target = holder  # Link the new window key to the job holding the active key.
+        writes[window.key] = Record(
+            job_id=target,
+            task=claim.task,
+            kind=KeyKind.WINDOW,
+            expires_at=now + window.window_ms,
+            fingerprint=window.fingerprint,
+            policy=window.policy,
+        )
+
+    if active is None or held is None:
+        verdict = Verdict.CREATED
+    elif holder == claim.job_id:
+        return Decision(Verdict.RESENT, claim.job_id), writes
+    elif _hands_off(claim, held):
+        verdict = Verdict.CREATED
+    else:
+        return Decision(Verdict.REUSED_ACTIVE, holder or claim.job_id), writes
+
+    if active is not None:
+        writes[active.key] = Record(
+            job_id=claim.job_id,
+            task=claim.task,
+            kind=KeyKind.ACTIVE,
+            scope=active.scope,
+            expires_at=_expiry(now, active.lease_ms),
+        )
+    return Decision(verdict, claim.job_id), writes
+
+
+def _hands_off(claim: Claim, held: Record | None) -> bool:
+    return (
+        held is not None
+        and claim.handoff_from is not None
+        and held.job_id == claim.handoff_from
+        and not held.finished
+    )
+
+
+def releasing(job_id: str, keep_ms: int | None) -> Change:
+    """End ``job_id``'s hold: delete (``keep_ms=0``) or keep it finished for ``keep_ms``."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        if record is None or not record.alive(now) or record.job_id != job_id:
+            return UNCHANGED
+        if record.kind is not KeyKind.ACTIVE:
+            return UNCHANGED  # Window keys are forgotten only by time.
+        if keep_ms == 0:
+            return None
+        if record.finished:
+            return UNCHANGED  # A repeated final signal must not push retention further.
+        return replace(record, finished=True, expires_at=_expiry(now, keep_ms))
+
+    return change
+
+
+def rolling_back(claim: Claim, key: str) -> Change:
+    """Undo ``claim``'s write of ``key``: hand it back (take-over) or delete it."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        if record is None or not record.alive(now) or record.job_id != claim.job_id:
+            return UNCHANGED
+        active = claim.active
+        if claim.handoff_from is not None and active is not None and key == active.key:
+            return replace(record, job_id=claim.handoff_from)
+        return None
+
+    return change
+
+
+def renewing(job_id: str, lease_ms: int) -> Change:
+    """Push the lease of an unfinished active key ``job_id`` holds to at least ``lease_ms``."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        if (
+            record is None
+            or not record.alive(now)
+            or record.job_id != job_id
+            or record.kind is not KeyKind.ACTIVE
+            or record.finished
+            or record.expires_at is None
+            or record.expires_at >= now + lease_ms
+        ):
+            return UNCHANGED
+        return replace(record, expires_at=now + lease_ms)
+
+    return change
+
+
+def forgetting(job_id: str | None) -> Change:
+    """Delete the key (an operator's release); with ``job_id``, only while it holds it."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        if record is None or not record.alive(now) or job_id not in (None, record.job_id):
+            return UNCHANGED
+        return None
+
+    return change

@@ -1,0 +1,194 @@
+"""The contract every uniqueness store implements.
+
+A store answers one question atomically: *given these claims, which jobs do
+they resolve to?* It never sees task arguments; the dispatch path hands it
+opaque storage keys, job ids and digests, and it hands back decisions.
+
+Units and clocks
+    Every duration is whole milliseconds. Expiry is measured on the store's own
+    clock (the Redis server's, the database's, this host's for SQLite and
+    memory), never the producer's, so skewed producers agree.
+
+Atomicity
+    :meth:`Store.decide` evaluates a whole batch as one atomic step with
+    sequential semantics: item *n* sees what items *0..n-1* wrote. Release,
+    rollback and renew are compare-and-set on the job id: they only touch a
+    key that still points at the job named, so they are idempotent and safe to
+    call from any process, any number of times.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+class Scope(str, enum.Enum):
+    """How long an active-type key is held."""
+
+    QUEUED = "queued"
+    ACTIVE = "active"
+    EXISTS = "exists"
+
+
+class KeyKind(str, enum.Enum):
+    ACTIVE = "active"
+    WINDOW = "window"
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveClaim:
+    """Hold ``key`` for the job while it is queued/running (and retained, for ``exists``)."""
+
+    key: str
+    scope: Scope
+    #: Expire the hold after this long unless renewed; ``None`` holds until released.
+    lease_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowClaim:
+    """Remember ``key`` -> job for exactly ``window_ms`` from the first dispatch."""
+
+    key: str
+    window_ms: int
+    #: Digest of everything that makes two requests "the same request".
+    fingerprint: str
+    #: Digest of retry/time-limit settings: a difference here is drift, not conflict.
+    policy: str
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one dispatch asks of the store."""
+
+    job_id: str
+    task: str
+    active: ActiveClaim | None = None
+    window: WindowClaim | None = None
+    #: A running job that holds ``active.key`` and may pass it on to ``job_id``
+    #: (a task that chains to itself): the key moves instead of deduplicating.
+    handoff_from: str | None = None
+
+
+class Verdict(str, enum.Enum):
+    #: The keys now point at the claim's job: publish it.
+    CREATED = "created"
+    #: The keys already pointed at the claim's own job id (a re-send): publish,
+    #: but a failed publish must not free keys the earlier send still needs.
+    RESENT = "resent"
+    #: An active key is held by another job; nothing to publish.
+    REUSED_ACTIVE = "reused_active"
+    #: The window key already maps this very request to a job; nothing to publish.
+    REUSED_WINDOW = "reused_window"
+    #: The window key is known with a different request fingerprint.
+    CONFLICT = "conflict"
+    #: The window key and the active key point at two different jobs.
+    COMPOSITION_CONFLICT = "composition_conflict"
+
+    @property
+    def publishes(self) -> bool:
+        return self in (Verdict.CREATED, Verdict.RESENT)
+
+    @property
+    def failed(self) -> bool:
+        return self in (Verdict.CONFLICT, Verdict.COMPOSITION_CONFLICT)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    verdict: Verdict
+    #: The job the dispatch resolves to: the claim's own id, or the existing one.
+    job_id: str
+    policy_drift: bool = False
+    conflicting_job_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HeldKey:
+    """A key as the store holds it now (for explain, the CLI and the admin)."""
+
+    key: str
+    kind: KeyKind
+    job_id: str
+    task: str
+    scope: Scope | None = None
+    #: For active keys: the job has finished and the key is kept for retention.
+    finished: bool = False
+    #: Milliseconds until the store forgets the key; ``None`` if it never expires.
+    expires_in_ms: int | None = None
+    fingerprint: str | None = None
+    policy: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    active: int = 0
+    window: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Store(ABC):
+    """A uniqueness store. Instances are per process; create them after fork."""
+
+    @abstractmethod
+    def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
+        """Decide every claim in one atomic step, in order; write what the verdicts say.
+
+        With ``all_or_nothing`` a single failed verdict (conflict) means nothing
+        at all is written; the decisions are still returned so the caller can
+        tell which item failed. Otherwise failed items write nothing and the
+        others proceed as if the failed ones were absent.
+        """
+
+    @abstractmethod
+    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
+        """End ``job_id``'s hold on the active ``key``; return whether it held it.
+
+        ``keep_ms=0`` deletes the key; a positive value keeps it (marked finished)
+        for that long; ``None`` keeps it with no expiry. Keys held by another job
+        are left alone.
+        """
+
+    @abstractmethod
+    def rollback(self, claim: Claim) -> None:
+        """Undo what a ``CREATED`` decision of ``claim`` wrote (the publish failed).
+
+        Keys go back to ``claim.handoff_from`` when the claim took them over,
+        and are freed otherwise; keys no longer pointing at the claim's job
+        are left alone.
+        """
+
+    @abstractmethod
+    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
+        """Push the lease of unfinished active keys held by ``job_id``; return how many."""
+
+    @abstractmethod
+    def get(self, key: str) -> HeldKey | None:
+        """The key as held now, or ``None``; writes nothing."""
+
+    @abstractmethod
+    def scan(self, *, kind: KeyKind | None = None, prefix: str = "") -> Iterator[HeldKey]:
+        """Every held key whose storage key starts with ``prefix``; writes nothing."""
+
+    @abstractmethod
+    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+        """Forget ``key`` (an operator's release); with ``job_id``, only if it still holds it."""
+
+    @abstractmethod
+    def ping(self) -> None:
+        """Raise :class:`~celery_unique.exceptions.BackendUnavailable` when unreachable."""
+
+    def stats(self) -> StoreStats:
+        active = window = 0
+        for held in self.scan():
+            if held.kind is KeyKind.ACTIVE:
+                active += 1
+            else:
+                window += 1
+        return StoreStats(active=active, window=window)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing
+        """Release connections and files."""

@@ -1,0 +1,40 @@
+-- Shared by every celery-unique script (prepended when the script is loaded).
+--
+-- Key layout. Every key of one namespace shares the hash tag "{namespace}",
+-- so all keys a script touches live in one Redis Cluster slot.
+--   <prefix>:v1:{ns}:a:<scope><US><key>   active-type key (string)
+--   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
+-- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
+--
+-- Value: six fields joined by 0x1F:
+--   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
+--   finished  "1" once an exists-scope job has finished and the key only waits out retention
+--   job_id    the job the key points at
+--   task      the task name of the dispatch that wrote the key
+--   fp        window keys: request fingerprint digest; else ""
+--   policy    window keys: retry/time-limit settings digest; else ""
+-- Expiry is the key's own TTL, so time is always the server's clock.
+
+local US = "\31"
+
+local function decode(value)
+  if not value then return nil end
+  local f = {}
+  for part in string.gmatch(value .. US, "([^" .. US .. "]*)" .. US) do
+    f[#f + 1] = part
+  end
+  return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6]}
+end
+
+local function encode(r)
+  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy}, US)
+end
+
+-- Write a record with a TTL in ms ("" or nil: no expiry).
+local function put(key, value, ttl)
+  if ttl and ttl ~= "" then
+    redis.call("SET", key, value, "PX", ttl)
+  else
+    redis.call("SET", key, value)
+  end
+end

@@ -1,0 +1,91 @@
+-- decide: resolve a batch of dispatch claims in order, atomically.
+--
+-- KEYS: every distinct storage key the batch names (one hash slot).
+-- ARGV[1]: "1" all-or-nothing (any conflict: write nothing), "0" otherwise
+-- ARGV[2]: number of claims N; then 10 fields per claim:
+--   job_id, task,
+--   active key index into KEYS (0: none), scope char (q|a|e), lease ms ("" none),
+--   window key index (0: none), window ms, fingerprint, policy,
+--   handoff_from ("" none)
+-- Returns: one array per claim: {verdict, job_id, drift "1"|"0", conflicting ids...}
+--   verdict: "created" | "resent" | "reused_active" | "reused_window"
+--            | "conflict" | "composition_conflict"
+
+local all_or_nothing = ARGV[1] == "1"
+local count = tonumber(ARGV[2])
+local overlay = {}   -- key -> record or false (deleted) written earlier in this batch
+local writes = {}    -- ordered {key, record, ttl}
+local results = {}
+local failed = false
+
+local function read(key)
+  local r = overlay[key]
+  if r == nil then
+    r = decode(redis.call("GET", key)) or false
+    overlay[key] = r
+  end
+  return r or nil
+end
+
+local function write(key, record, ttl)
+  overlay[key] = record
+  writes[#writes + 1] = {key, record, ttl}
+end
+
+for i = 0, count - 1 do
+  local base = 3 + i * 10
+  local job, task = ARGV[base], ARGV[base + 1]
+  local akey = tonumber(ARGV[base + 2]) > 0 and KEYS[tonumber(ARGV[base + 2])] or nil
+  local scope, lease = ARGV[base + 3], ARGV[base + 4]
+  local wkey = tonumber(ARGV[base + 5]) > 0 and KEYS[tonumber(ARGV[base + 5])] or nil
+  local window_ms, fp, policy, handoff = ARGV[base + 6], ARGV[base + 7], ARGV[base + 8], ARGV[base + 9]
+
+  local held = akey and read(akey) or nil
+  local holder = held and held.job or nil
+  local remembered = wkey and read(wkey) or nil
+  local hands_off = held and handoff ~= "" and holder == handoff and held.finished ~= "1"
+  local result
+
+  if remembered then
+    if remembered.fp ~= fp then
+      result = {"conflict", remembered.job, "0", remembered.job}
+    elseif holder and holder ~= remembered.job then
+      result = {"composition_conflict", remembered.job, "0", remembered.job, holder}
+    elseif remembered.job == job then
+      result = {"resent", job, "0"}
+    else
+      result = {"reused_window", remembered.job, remembered.policy ~= policy and "1" or "0"}
+    end
+  else
+    local pending = {}
+    if wkey then
+      local target = job
+      if holder and holder ~= job and not hands_off then target = holder end
+      pending[#pending + 1] = {wkey, {kind = "w", finished = "0", job = target, task = task,
+                                      fp = fp, policy = policy}, window_ms}
+    end
+    if held and holder == job then
+      result = {"resent", job, "0"}
+    elseif held and not hands_off then
+      result = {"reused_active", holder, "0"}
+    else
+      result = {"created", job, "0"}
+      if akey then
+        pending[#pending + 1] = {akey, {kind = scope, finished = "0", job = job, task = task,
+                                        fp = "", policy = ""}, lease}
+      end
+    end
+    for _, w in ipairs(pending) do write(w[1], w[2], w[3]) end
+  end
+
+  results[#results + 1] = result
+  if result[1] == "conflict" or result[1] == "composition_conflict" then
+    failed = true
+    if all_or_nothing then break end
+  end
+end
+
+if not (failed and all_or_nothing) then
+  for _, w in ipairs(writes) do put(w[1], encode(w[2]), w[3]) end
+end
+return results

@@ -1,0 +1,190 @@
+"""The production store: Redis (or Redis Cluster, or anything speaking its protocol).
+
+Each decision is one ``EVALSHA`` of ``lua/decide.lua``: one round trip, atomic
+on the server, using the server's clock for every expiry. The scripts and the
+key/value layout are documented in the ``.lua`` files themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.stores._records import claim_keys
+from celery_unique.stores.base import (
+    Claim,
+    Decision,
+    HeldKey,
+    KeyKind,
+    Scope,
+    Store,
+    Verdict,
+)
+
+if TYPE_CHECKING:
+    import redis
+
+_SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
+SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
+_US = "\x1f"
+_GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """A packaged script with the shared helpers prepended."""
+    lua = importlib.resources.files("celery_unique.stores") / "lua"
+    return (lua / "common.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+
+
+def _import_redis() -> Any:
+    try:
+        import redis
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImproperlyConfigured(
+            "the Redis store needs redis-py: pip install 'celery-unique[redis]'"
+        ) from exc
+    return redis
+
+
+class RedisStore(Store):
+    """Keys in Redis, decided by server-side scripts."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._redis = _import_redis()
+        self._scripts = {
+            name: client.register_script(script_source(name))
+            for name in ("decide", "release", "rollback", "renew", "forget")
+        }
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        redis = _import_redis()
+        # Health checks and a short connect timeout keep a dead server from
+        # stalling dispatches for the OS default of minutes.
+        client = redis.Redis.from_url(
+            url,
+            socket_connect_timeout=5,
+            socket_timeout=10,
+            health_check_interval=30,
+            decode_responses=False,
+        )
+        return cls(client)
+
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        try:
+            return self._scripts[name](keys=list(keys), args=list(args))
+        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+
+    def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
+        keys: list[str] = []
+        index: dict[str, int] = {}
+
+        def position(key: str | None) -> int:
+            if key is None:
+                return 0
+            if key not in index:
+                keys.append(key)
+                index[key] = len(keys)  # Lua indexes from 1; 0 means "none".
+            return index[key]
+
+        args: list[str | int] = ["1" if all_or_nothing else "0", len(claims)]
+        for claim in claims:
+            active, window = claim.active, claim.window
+            args += [
+                claim.job_id,
+                claim.task,
+                position(active.key if active else None),
+                SCOPE_CHARS[active.scope] if active else "",
+                "" if active is None or active.lease_ms is None else active.lease_ms,
+                position(window.key if window else None),
+                window.window_ms if window else "",
+                window.fingerprint if window else "",
+                window.policy if window else "",
+                claim.handoff_from or "",
+            ]
+        replies = self._call("decide", keys, args)
+        return [_decision(reply) for reply in replies] + [
+            Decision(Verdict.CREATED, claim.job_id) for claim in claims[len(replies) :]
+        ]
+
+    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
+        return bool(self._call("release", [key], [job_id, "" if keep_ms is None else keep_ms]))
+
+    def rollback(self, claim: Claim) -> None:
+        keys = claim_keys(claim)
+        has_active = "1" if claim.active is not None else "0"
+        self._call("rollback", keys, [claim.job_id, claim.handoff_from or "", has_active])
+
+    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
+        if not keys:
+            return 0
+        return int(self._call("renew", keys, [job_id, lease_ms]))
+
+    def get(self, key: str) -> HeldKey | None:
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(key)
+                pipe.pttl(key)
+                value, ttl = pipe.execute()
+        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        return None if value is None else _held(key, value, ttl)
+
+    def scan(self, *, kind: KeyKind | None = None, prefix: str = "") -> Iterator[HeldKey]:
+        pattern = prefix.translate(_GLOB_SPECIAL) + "*"
+        try:
+            for raw in self.client.scan_iter(match=pattern, count=1000):
+                key = raw.decode()
+                held = self.get(key)
+                if held is not None and kind in (None, held.kind):
+                    yield held
+        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+
+    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+        return bool(self._call("forget", [key], [job_id or ""]))
+
+    def ping(self) -> None:
+        try:
+            self.client.ping()
+        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decision(reply: Sequence[bytes | str]) -> Decision:
+    verdict, job_id, drift, *conflicting = (_text(part) for part in reply)
+    return Decision(
+        Verdict(verdict),
+        job_id,
+        policy_drift=drift == "1",
+        conflicting_job_ids=tuple(conflicting),
+    )
+
+
+def _held(key: str, value: bytes, ttl: int) -> HeldKey:
+    kind, finished, job_id, task, fingerprint, policy = value.decode().split(_US)
+    is_window = kind == "w"
+    return HeldKey(
+        key=key,
+        kind=KeyKind.WINDOW if is_window else KeyKind.ACTIVE,
+        job_id=job_id,
+        task=task,
+        scope=None if is_window else _SCOPES[kind],
+        finished=finished == "1",
+        expires_in_ms=ttl if ttl >= 0 else None,
+        fingerprint=fingerprint or None,
+        policy=policy or None,
+    )

@@ -1,0 +1,246 @@
+"""A store in one SQLite file: the embedded default, safe across processes on one host.
+
+Each decision runs in a ``BEGIN IMMEDIATE`` transaction, which takes the
+database's write lock before reading, so two processes racing on one key are
+serialised by SQLite itself. Time is this host's wall clock, shared by every
+process that opens the file.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from celery_unique.exceptions import BackendUnavailable
+from celery_unique.stores import _records
+from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, Scope, Store
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS celery_unique_keys (
+    key TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    job_id TEXT NOT NULL,
+    task TEXT NOT NULL,
+    scope TEXT,
+    finished INTEGER NOT NULL DEFAULT 0,
+    expires_at INTEGER,
+    fingerprint TEXT,
+    policy TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
+"""
+_COLUMNS = "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy"
+#: Expired rows are swept at most this often, so decisions stay one short transaction.
+_SWEEP_EVERY_MS = 30_000
+
+Row = tuple[str, str, str, str, "str | None", int, "int | None", "str | None", "str | None"]
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _record(row: Row) -> _records.Record:
+    _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy = row
+    return _records.Record(
+        job_id=job_id,
+        task=task,
+        kind=KeyKind(kind),
+        scope=Scope(scope) if scope else None,
+        finished=bool(finished),
+        expires_at=expires_at,
+        fingerprint=fingerprint,
+        policy=policy,
+    )
+
+
+class SQLiteStore(Store):
+    """Keys in a SQLite database file (``sqlite:///relative.db``, ``sqlite:////abs/path.db``)."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._swept_at = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        path = url.split("://", 1)[1]
+        if path.startswith("/"):
+            path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
+        if not path:
+            raise ValueError(f"sqlite store URL {url!r} names no file")
+        return cls(path)
+
+    # -- connection -------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection must never cross a fork: reopen in each process.
+        if self._conn is None or self._pid != os.getpid():
+            try:
+                if self.path.parent != Path():
+                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.executescript(_SCHEMA)
+            except (sqlite3.Error, OSError) as exc:
+                raise BackendUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"SQLite store {self.path} is unavailable: {exc}") from exc
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            else:
+                try:
+                    conn.execute("COMMIT")
+                except sqlite3.Error as exc:
+                    raise BackendUnavailable(f"SQLite store {self.path}: {exc}") from exc
+
+    def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, _records.Record]:
+        found: dict[str, _records.Record] = {}
+        unique = list(dict.fromkeys(keys))
+        # SQLite caps bound parameters per statement; read large batches in slices.
+        for start in range(0, len(unique), 500):
+            part = unique[start : start + 500]
+            marks = ",".join("?" * len(part))
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM celery_unique_keys WHERE key IN ({marks})", part
+            )
+            found.update((row[0], _record(row)) for row in rows)
+        return found
+
+    def _write(self, conn: sqlite3.Connection, writes: _records.Writes) -> None:
+        deletes = [(key,) for key, record in writes.items() if record is None]
+        upserts = [
+            (
+                key,
+                r.kind.value,
+                r.job_id,
+                r.task,
+                r.scope.value if r.scope else None,
+                int(r.finished),
+                r.expires_at,
+                r.fingerprint,
+                r.policy,
+            )
+            for key, r in writes.items()
+            if r is not None
+        ]
+        if deletes:
+            conn.executemany("DELETE FROM celery_unique_keys WHERE key = ?", deletes)
+        if upserts:
+            conn.executemany(
+                f"INSERT OR REPLACE INTO celery_unique_keys ({_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                upserts,
+            )
+
+    def _sweep(self, conn: sqlite3.Connection, now: int) -> None:
+        if now - self._swept_at >= _SWEEP_EVERY_MS:
+            conn.execute("DELETE FROM celery_unique_keys WHERE expires_at <= ?", (now,))
+            self._swept_at = now
+
+    # -- contract ---------------------------------------------------------------
+
+    def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
+        keys = [key for claim in claims for key in _records.claim_keys(claim)]
+        with self._transaction() as conn:
+            now = _now()
+            existing = self._read(conn, keys)
+            decisions, writes = _records.decide(
+                claims, existing.get, now, all_or_nothing=all_or_nothing
+            )
+            self._write(conn, writes)
+            self._sweep(conn, now)
+        return decisions
+
+    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> int:
+        with self._transaction() as conn:
+            now = _now()
+            existing = self._read(conn, [key for key, _ in changes])
+            writes: _records.Writes = {}
+            for key, change in changes:
+                result = change(existing.get(key), now)
+                if result is not _records.UNCHANGED:
+                    writes[key] = result
+            self._write(conn, writes)
+            return len(writes)
+
+    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
+        return bool(self._change([(key, _records.releasing(job_id, keep_ms))]))
+
+    def rollback(self, claim: Claim) -> None:
+        self._change(
+            [(key, _records.rolling_back(claim, key)) for key in _records.claim_keys(claim)]
+        )
+
+    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
+        change = _records.renewing(job_id, lease_ms)
+        return self._change([(key, change) for key in keys])
+
+    def get(self, key: str) -> HeldKey | None:
+        with self._transaction() as conn:
+            record = self._read(conn, [key]).get(key)
+        now = _now()
+        return record.held(key, now) if record is not None and record.alive(now) else None
+
+    def scan(self, *, kind: KeyKind | None = None, prefix: str = "") -> Iterator[HeldKey]:
+        now = _now()
+        with self._lock:
+            try:
+                rows = (
+                    self._connection()
+                    .execute(
+                        f"SELECT {_COLUMNS} FROM celery_unique_keys "
+                        "WHERE substr(key, 1, ?) = ? AND (expires_at IS NULL OR expires_at > ?) "
+                        "ORDER BY key",
+                        (len(prefix), prefix, now),
+                    )
+                    .fetchall()
+                )
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"SQLite store {self.path}: {exc}") from exc
+        for row in rows:
+            record = _record(row)
+            if kind in (None, record.kind):
+                yield record.held(row[0], now)
+
+    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+        return bool(self._change([(key, _records.forgetting(job_id))]))
+
+    def ping(self) -> None:
+        with self._lock:
+            try:
+                self._connection().execute("SELECT 1")
+            except sqlite3.Error as exc:
+                raise BackendUnavailable(f"SQLite store {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None

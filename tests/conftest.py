@@ -1,0 +1,297 @@
+"""Services and Celery workers shared by every test folder.
+
+Services
+--------
+Redis, RabbitMQ and PostgreSQL run on 127.0.0.1 (``scripts/services ensure
+redis rabbitmq postgres`` starts them). A test that needs one either marks it
+(``@pytest.mark.redis``, ``rabbitmq``, ``postgres``) or requests one of the
+fixtures below; requesting a fixture adds the marker automatically, so
+``pytest -m "not redis"`` deselects everything that needs Redis. A missing
+service skips the test locally and FAILS it when ``CI=true``: CI never skips
+silently. Ports can be moved with ``TEST_REDIS_PORT`` etc., as in
+``scripts/services``.
+
+Redis databases: ``redis_url`` / ``redis_client`` use db 9 (flushed at session
+start, and before every test that takes ``redis_client``). Celery's broker and
+result backend use db 10 (``celery_redis_url``), never flushed: flushing the
+broker's database under a running worker deletes kombu's ``_kombu.binding.*``
+keys and the worker silently stops receiving messages, so the store's database
+and the broker's must differ. Instead, every Celery config built by
+``redis_celery_config()`` gets a queue of its own
+(``celery-unique-tests-<pid>-<n>``), so messages left by another test (ETA,
+revoked or expired jobs), by an aborted run, or by a run going on at the same
+time never reach this test's worker.
+
+Celery workers (legacy fixtures)
+--------------------------------
+pytest-celery 1.x replaces Celery's legacy ``celery_worker`` fixture with a
+Docker-based one that cannot run here, so pyproject.toml's ``addopts`` carry
+``-p no:celery -p celery.contrib.pytest``: pytest-celery's plugin is not
+loaded and Celery's own fixtures are. Available fixtures:
+
+* ``celery_app`` + ``celery_worker`` (function scope): a fresh app configured
+  from ``celery_config`` and a worker in a thread (solo pool) for one test.
+  Preferred: tests stay independent.
+* ``celery_session_app`` + ``celery_session_worker`` (session scope): one app
+  and one worker for the whole run, configured by whichever ``celery_config``
+  the first test that uses them sees. While it lives it consumes the default
+  queue; do not let it share a queue with function-scoped workers (give each
+  side its own ``redis_celery_config()``), or messages reach the wrong app.
+
+Configuration:
+
+* ``celery_config`` (defined below, session scope): ``redis_celery_config()``,
+  i.e. Redis broker and result backend on db 10 and one queue for the
+  session. Override it with a function-scoped fixture of the same name in a
+  folder's conftest or a module to get a new app config (and queue) per test,
+  e.g. ``{**redis_celery_config(), "unique_backend": redis_url}``; for a
+  RabbitMQ broker replace ``broker_url`` with ``rabbitmq_url``. One test can
+  add settings with ``@pytest.mark.celery(task_acks_late=True, ...)``
+  (``celery_app`` only; the session app takes the marker of its first user).
+* ``celery_includes``: modules imported before the worker starts. It contains
+  ``celery.contrib.testing.tasks``, because ``start_worker`` sends the
+  ``celery.ping`` task and asserts it is registered
+  (``celery_worker_parameters`` returning ``{"perform_ping_check": False}``
+  drops that check and saves a round trip).
+* ``celery_worker_parameters``: keyword arguments of ``WorkController``
+  (``queues``, ``shutdown_timeout``, ``perform_ping_check`` ...).
+
+Tasks defined after the worker started (``@celery_app.task`` inside the test
+body, the usual pattern) are unknown to it until ``celery_worker.reload()``;
+tasks defined in an included module or before the ``celery_worker`` fixture
+runs need nothing. See tests/integration/test_worker_smoke.py for a minimal
+example. Results: ``result.get(timeout=...)`` always with a timeout.
+
+Celery's fixtures drop rather than close some Redis/AMQP connections; the
+teardown of tests that use them ignores ResourceWarning and runs the garbage
+collector (``pytest_runtest_teardown`` below), so that ``filterwarnings =
+error`` does not fail some later test at random. Connections of
+celery-unique's own objects must still be closed by the code that opens them.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import socket
+import warnings
+from collections.abc import Generator, Iterator, Mapping
+from typing import Any
+
+import pytest
+
+HOST = "127.0.0.1"
+
+#: Redis database used by store tests (``redis_url`` / ``redis_client``).
+REDIS_TEST_DB = 9
+#: Redis database used as Celery broker and result backend by worker tests.
+CELERY_REDIS_DB = 10
+#: RabbitMQ drops a test queue left without consumers this long (milliseconds).
+TEST_QUEUE_EXPIRES_MS = 600_000
+
+_queue_numbers = itertools.count(1)
+
+_DEFAULT_PORTS = {"redis": 6379, "rabbitmq": 5672, "postgres": 5432, "mariadb": 3306}
+
+#: Fixtures that need a service; requesting one (even indirectly) adds the marker.
+_FIXTURE_MARKERS = {
+    "redis_url": "redis",
+    "redis_client": "redis",
+    "celery_redis_url": "redis",
+    "celery_worker": "redis",
+    "celery_session_worker": "redis",
+    "rabbitmq_url": "rabbitmq",
+    "postgres_dsn": "postgres",
+}
+
+_seen_up: set[tuple[str, int]] = set()
+
+
+def in_ci() -> bool:
+    """Whether this run is CI's, where a missing service is an error."""
+    return os.environ.get("CI", "").strip().lower() in {"true", "1"}
+
+
+def service_port(name: str) -> int:
+    """The port of a service, honouring ``TEST_<NAME>_PORT``."""
+    return int(os.environ.get(f"TEST_{name.upper()}_PORT", _DEFAULT_PORTS[name]))
+
+
+def require_service(name: str, host: str = HOST, port: int | None = None) -> None:
+    """Return when ``host:port`` accepts TCP; else skip, or fail when ``CI=true``."""
+    port = service_port(name) if port is None else port
+    if (host, port) in _seen_up:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            pass
+    except OSError as exc:
+        error = exc
+    else:
+        _seen_up.add((host, port))
+        return
+    message = (
+        f"{name} is not reachable on {host}:{port} ({error}); "
+        f"start it with `scripts/services ensure {name}`"
+    )
+    if in_ci():
+        pytest.fail(f"{message} [CI=true: a missing service fails the run]", pytrace=False)
+    pytest.skip(message)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that requests a service fixture with that service's marker."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        for marker in sorted({_FIXTURE_MARKERS[n] for n in names if n in _FIXTURE_MARKERS}):
+            if item.get_closest_marker(marker) is None:
+                item.add_marker(marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Check the services a test is marked with before any of its fixtures runs."""
+    for name in _DEFAULT_PORTS:
+        if item.get_closest_marker(name) is not None:
+            require_service(name)
+
+
+#: Fixtures whose teardown leaves Celery/kombu connections for the garbage collector.
+_CELERY_FIXTURES = frozenset(
+    {"celery_app", "celery_worker", "celery_session_app", "celery_session_worker"}
+)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, None, None]:
+    """Reclaim the sockets Celery's test app and worker leave behind, without ResourceWarnings.
+
+    Celery's legacy fixtures drop (do not close) the result backend's Redis
+    connections and pub/sub, the in-thread worker's thread-local backend and a
+    broker connection opened by ``start_worker``. With ``filterwarnings =
+    error`` their ``unclosed <socket>`` ResourceWarning, raised whenever the
+    garbage collector gets to them, fails some later, unrelated test. So for
+    tests using those fixtures (and the last test, when session fixtures end)
+    teardown runs with ResourceWarning ignored and ends with a collection.
+    """
+    if nextitem is not None and _CELERY_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+        return (yield)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        try:
+            return (yield)
+        finally:
+            gc.collect()
+
+
+def _redis_url(db: int) -> str:
+    return f"redis://{HOST}:{service_port('redis')}/{db}"
+
+
+def _flushdb(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+def fresh_queue_name() -> str:
+    """A queue name used by no other test, in this run or any other."""
+    return f"celery-unique-tests-{os.getpid()}-{next(_queue_numbers)}"
+
+
+def redis_celery_config(queue: str | None = None) -> dict[str, Any]:
+    """Celery settings: Redis broker and result backend on db 10, a queue of its own.
+
+    Each call names a new default queue (unless ``queue`` is given), so a
+    message one test leaves behind (an ETA job, a revoked or expired one)
+    never reaches another test's worker. On RabbitMQ the queue expires
+    (``x-expires``) ten minutes after its last consumer left, and its exchange
+    goes with it; on Redis leftovers stay in db 10, reaching no one.
+    """
+    from kombu import Exchange, Queue
+
+    name = queue or fresh_queue_name()
+    exchange = Exchange(name, type="direct", durable=False, auto_delete=True)
+    url = _redis_url(CELERY_REDIS_DB)
+    return {
+        "broker_url": url,
+        "result_backend": url,
+        "task_default_queue": name,
+        "task_default_exchange": name,
+        "task_default_routing_key": name,
+        "task_queues": (
+            Queue(
+                name,
+                exchange,
+                routing_key=name,
+                queue_arguments={"x-expires": TEST_QUEUE_EXPIRES_MS},
+            ),
+        ),
+        "broker_connection_retry_on_startup": False,
+        "worker_hijack_root_logger": False,
+    }
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of the Redis test database (db 9), flushed once at session start."""
+    require_service("redis")
+    url = _redis_url(REDIS_TEST_DB)
+    _flushdb(url)
+    return url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[Any]:
+    """A redis-py client on the test database, flushed before the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def celery_redis_url() -> str:
+    """URL of the Redis database Celery's broker and backend use (db 10; never flushed)."""
+    require_service("redis")
+    return _redis_url(CELERY_REDIS_DB)
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_url() -> str:
+    """AMQP URL of the local RabbitMQ (guest/guest, default vhost)."""
+    require_service("rabbitmq")
+    return f"amqp://guest:guest@{HOST}:{service_port('rabbitmq')}//"
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> str:
+    """DSN of the local PostgreSQL database ``test`` (user postgres, trust auth)."""
+    require_service("postgres")
+    return f"postgresql://postgres@{HOST}:{service_port('postgres')}/test"
+
+
+@pytest.fixture(scope="session")
+def celery_config() -> Mapping[str, Any]:
+    """Default settings of the legacy Celery app fixtures (see ``redis_celery_config``).
+
+    Connects to nothing by itself: only a worker or a publish does.
+    """
+    return redis_celery_config()
+
+
+@pytest.fixture(scope="session")
+def celery_includes() -> tuple[str, ...]:
+    """Modules the legacy worker fixtures import first (``celery.ping`` for the ping check)."""
+    return ("celery.contrib.testing.tasks",)

@@ -1,0 +1,343 @@
+"""The store contract (celery_unique.stores.base.Store), held against every store."""
+
+from __future__ import annotations
+
+import time
+
+from celery_unique.stores.base import (
+    ActiveClaim,
+    Claim,
+    KeyKind,
+    Scope,
+    Store,
+    Verdict,
+    WindowClaim,
+)
+
+A = "unique:v1:{ns}:a:tasks.recalc\x1ftenant:7"
+B = "unique:v1:{ns}:a:tasks.recalc\x1ftenant:8"
+W = "unique:v1:{ns}:w:tasks.order\x1freq-1"
+LONG = 60_000
+
+
+def active(
+    job: str,
+    key: str = A,
+    scope: Scope = Scope.QUEUED,
+    lease: int | None = LONG,
+    handoff: str | None = None,
+) -> Claim:
+    return Claim(
+        job_id=job, task="tasks.recalc", active=ActiveClaim(key, scope, lease), handoff_from=handoff
+    )
+
+
+def windowed(
+    job: str,
+    fp: str = "fp1",
+    policy: str = "p1",
+    ms: int = LONG,
+    key: str = W,
+    with_active: str | None = None,
+) -> Claim:
+    return Claim(
+        job_id=job,
+        task="tasks.order",
+        window=WindowClaim(key, ms, fp, policy),
+        active=ActiveClaim(with_active, Scope.ACTIVE, LONG) if with_active else None,
+    )
+
+
+def decide(store: Store, claim: Claim):
+    return store.decide([claim])[0]
+
+
+def test_first_claim_creates_and_second_reuses(store: Store) -> None:
+    """A held active key hands later dispatches the first job's id."""
+    assert decide(store, active("j1")).verdict is Verdict.CREATED
+    second = decide(store, active("j2"))
+    assert (second.verdict, second.job_id) == (Verdict.REUSED_ACTIVE, "j1")
+
+
+def test_same_job_id_is_a_resend(store: Store) -> None:
+    """A claim under the id that already holds the key is the same job, not a duplicate."""
+    decide(store, active("j1"))
+    assert decide(store, active("j1")).verdict is Verdict.RESENT
+
+
+def test_release_frees_the_key(store: Store) -> None:
+    """After release the next claim creates a new job."""
+    decide(store, active("j1"))
+    assert store.release("j1", A) is True
+    assert store.get(A) is None
+    assert decide(store, active("j2")).verdict is Verdict.CREATED
+
+
+def test_release_by_another_job_changes_nothing(store: Store) -> None:
+    """Release is compare-and-delete: a stale job cannot free a newer job's key."""
+    decide(store, active("j1"))
+    assert store.release("j0", A) is False
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+
+
+def test_release_is_idempotent(store: Store) -> None:
+    """Releasing twice (two signals, two processes) is harmless."""
+    decide(store, active("j1"))
+    assert store.release("j1", A) is True
+    assert store.release("j1", A) is False
+
+
+def test_retention_keeps_a_finished_key_then_forgets_it(store: Store) -> None:
+    """An exists-scope key outlives its job by the retention, then frees itself."""
+    decide(store, active("j1", scope=Scope.EXISTS))
+    assert store.release("j1", A, keep_ms=300) is True
+    held = store.get(A)
+    assert held is not None
+    assert held.finished
+    assert held.expires_in_ms is not None
+    assert held.expires_in_ms <= 300
+    assert decide(store, active("j2", scope=Scope.EXISTS)).job_id == "j1"
+    time.sleep(0.45)
+    assert decide(store, active("j3", scope=Scope.EXISTS)).verdict is Verdict.CREATED
+
+
+def test_repeated_final_release_does_not_extend_retention(store: Store) -> None:
+    """A second final signal does not push the retention further."""
+    decide(store, active("j1", scope=Scope.EXISTS))
+    store.release("j1", A, keep_ms=300)
+    time.sleep(0.2)
+    assert store.release("j1", A, keep_ms=300) is False
+    held = store.get(A)
+    assert held is not None
+    assert held.expires_in_ms is not None
+    assert held.expires_in_ms <= 150
+
+
+def test_retention_none_keeps_the_key_without_expiry(store: Store) -> None:
+    """keep_ms=None keeps the finished key until someone deletes it."""
+    decide(store, active("j1", scope=Scope.EXISTS))
+    store.release("j1", A, keep_ms=None)
+    held = store.get(A)
+    assert held is not None
+    assert (held.finished, held.expires_in_ms) == (True, None)
+
+
+def test_lease_expiry_frees_the_key(store: Store) -> None:
+    """A key whose lease runs out without renewal is free again."""
+    decide(store, active("j1", lease=200))
+    assert decide(store, active("j2", lease=200)).job_id == "j1"
+    time.sleep(0.35)
+    assert decide(store, active("j3")).verdict is Verdict.CREATED
+
+
+def test_no_lease_means_no_expiry(store: Store) -> None:
+    """A claim without a lease is held until released."""
+    decide(store, active("j1", lease=None))
+    held = store.get(A)
+    assert held is not None
+    assert held.expires_in_ms is None
+
+
+def test_renew_pushes_the_lease_of_the_holder_only(store: Store) -> None:
+    """Renewal extends only unfinished keys the job still holds."""
+    decide(store, active("j1", lease=200))
+    assert store.renew("j1", [A], 5_000) == 1
+    assert store.renew("j0", [A], 5_000) == 0
+    time.sleep(0.3)
+    assert decide(store, active("j2")).job_id == "j1"
+
+
+def test_renew_never_shortens_and_skips_finished_keys(store: Store) -> None:
+    """A renewal shorter than the lease left changes nothing, nor does one of a finished key."""
+    decide(store, active("j1", scope=Scope.EXISTS, lease=10_000))
+    assert store.renew("j1", [A], 100) == 0
+    store.release("j1", A, keep_ms=10_000)
+    assert store.renew("j1", [A], 50_000) == 0
+
+
+def test_window_reuses_the_same_request(store: Store) -> None:
+    """The same window key and fingerprint returns the first job."""
+    assert decide(store, windowed("j1")).verdict is Verdict.CREATED
+    again = decide(store, windowed("j2"))
+    assert (again.verdict, again.job_id, again.policy_drift) == (
+        Verdict.REUSED_WINDOW,
+        "j1",
+        False,
+    )
+
+
+def test_window_with_a_different_request_conflicts_and_writes_nothing(store: Store) -> None:
+    """A different fingerprint is a conflict naming the existing job; the claim writes nothing."""
+    decide(store, windowed("j1"))
+    conflict = decide(store, windowed("j2", fp="fp2", with_active=B))
+    assert conflict.verdict is Verdict.CONFLICT
+    assert conflict.conflicting_job_ids == ("j1",)
+    assert store.get(B) is None
+
+
+def test_window_policy_difference_is_drift(store: Store) -> None:
+    """Only the policy differs: reused, flagged as drift."""
+    decide(store, windowed("j1", policy="p1"))
+    drift = decide(store, windowed("j2", policy="p2"))
+    assert (drift.verdict, drift.job_id, drift.policy_drift) == (
+        Verdict.REUSED_WINDOW,
+        "j1",
+        True,
+    )
+
+
+def test_window_does_not_slide(store: Store) -> None:
+    """Reuse inside the window does not extend it; after it a new job is created."""
+    decide(store, windowed("j1", ms=400))
+    time.sleep(0.25)
+    assert decide(store, windowed("j2", ms=400)).job_id == "j1"
+    time.sleep(0.25)
+    assert decide(store, windowed("j3", ms=400)).verdict is Verdict.CREATED
+
+
+def test_window_key_is_not_released(store: Store) -> None:
+    """Release is for active keys; window keys are forgotten only by time."""
+    decide(store, windowed("j1"))
+    assert store.release("j1", W) is False
+    assert decide(store, windowed("j2")).job_id == "j1"
+
+
+def test_new_window_key_links_to_the_active_holder(store: Store) -> None:
+    """A new window key meeting a held active key is linked to that job, beyond its end."""
+    decide(store, active("x", key=B, scope=Scope.ACTIVE))
+    linked = decide(store, windowed("y", with_active=B))
+    assert (linked.verdict, linked.job_id) == (Verdict.REUSED_ACTIVE, "x")
+    held = store.get(W)
+    assert held is not None
+    assert held.job_id == "x"
+    store.release("x", B)
+    retry = decide(store, windowed("z", with_active=B))
+    assert (retry.verdict, retry.job_id) == (Verdict.REUSED_WINDOW, "x")
+
+
+def test_window_and_active_key_on_different_jobs_conflict(store: Store) -> None:
+    """Window key -> X while the active key is held by Y: composition conflict, nothing written."""
+    decide(store, windowed("x"))
+    decide(store, active("y", key=B, scope=Scope.ACTIVE))
+    clash = decide(store, windowed("z", with_active=B))
+    assert clash.verdict is Verdict.COMPOSITION_CONFLICT
+    assert clash.conflicting_job_ids == ("x", "y")
+    held = store.get(B)
+    assert held is not None
+    assert held.job_id == "y"
+
+
+def test_both_keys_new_create_one_job(store: Store) -> None:
+    """Neither key known: a new job, both keys set."""
+    created = decide(store, windowed("j1", with_active=B))
+    assert created.verdict is Verdict.CREATED
+    assert {store.get(W).job_id, store.get(B).job_id} == {"j1"}  # type: ignore[union-attr]
+
+
+def test_batch_items_see_earlier_items(store: Store) -> None:
+    """Within a batch, a later item matching an earlier one reuses the earlier item's job."""
+    decisions = store.decide([active("j1"), active("j2"), active("j3", key=B)])
+    assert [(d.verdict, d.job_id) for d in decisions] == [
+        (Verdict.CREATED, "j1"),
+        (Verdict.REUSED_ACTIVE, "j1"),
+        (Verdict.CREATED, "j3"),
+    ]
+
+
+def test_batch_with_a_conflict_writes_nothing(store: Store) -> None:
+    """All or nothing: one conflicting item and no item's key is written."""
+    decide(store, windowed("old"))
+    decisions = store.decide([active("j1"), windowed("j2", fp="other")])
+    assert decisions[1].verdict is Verdict.CONFLICT
+    assert store.get(A) is None
+
+
+def test_batch_continue_on_conflict_writes_the_others(store: Store) -> None:
+    """Without all-or-nothing, the conflicting item is skipped and the rest proceed."""
+    decide(store, windowed("old"))
+    decisions = store.decide(
+        [active("j1"), windowed("j2", fp="other"), active("j3", key=B)], all_or_nothing=False
+    )
+    assert [d.verdict for d in decisions] == [Verdict.CREATED, Verdict.CONFLICT, Verdict.CREATED]
+    assert store.get(A) is not None
+    assert store.get(B) is not None
+
+
+def test_rollback_frees_what_the_claim_took(store: Store) -> None:
+    """A failed publish rolls back both keys of its claim."""
+    claim = windowed("j1", with_active=B)
+    decide(store, claim)
+    store.rollback(claim)
+    assert store.get(W) is None
+    assert store.get(B) is None
+
+
+def test_rollback_leaves_other_jobs_keys(store: Store) -> None:
+    """Rolling back a claim never frees a key that points at another job."""
+    decide(store, active("j1"))
+    store.rollback(active("j2"))
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+
+
+def test_handoff_moves_the_key_to_the_successor(store: Store) -> None:
+    """A running job dispatching its successor with the same key passes the key on."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    successor = decide(store, active("j2", scope=Scope.ACTIVE, handoff="j1"))
+    assert (successor.verdict, successor.job_id) == (Verdict.CREATED, "j2")
+    assert store.release("j1", A) is False
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j2"
+
+
+def test_handoff_rollback_returns_the_key(store: Store) -> None:
+    """If the successor cannot be published, the key goes back to the running job."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    claim = active("j2", scope=Scope.ACTIVE, handoff="j1")
+    decide(store, claim)
+    store.rollback(claim)
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+
+
+def test_handoff_from_another_job_is_a_duplicate(store: Store) -> None:
+    """Only the holder can hand a key on; anyone else is deduplicated."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    assert decide(store, active("j2", scope=Scope.ACTIVE, handoff="j9")).job_id == "j1"
+
+
+def test_get_scan_delete_and_stats(store: Store) -> None:
+    """Operators read keys by prefix and kind, delete them, and count them."""
+    decide(store, active("j1"))
+    decide(store, active("j2", key=B, scope=Scope.EXISTS))
+    decide(store, windowed("j3"))
+    held = store.get(A)
+    assert held is not None
+    assert (held.kind, held.job_id, held.task, held.scope) == (
+        KeyKind.ACTIVE,
+        "j1",
+        "tasks.recalc",
+        Scope.QUEUED,
+    )
+    assert {h.key for h in store.scan(kind=KeyKind.ACTIVE)} == {A, B}
+    assert [h.key for h in store.scan(prefix="unique:v1:{ns}:w:")] == [W]
+    stats = store.stats()
+    assert (stats.active, stats.window) == (2, 1)
+    assert store.delete(A, job_id="other") is False
+    assert store.delete(A) is True
+    assert store.get(A) is None
+
+
+def test_keys_are_opaque(store: Store) -> None:
+    """Any valid key text round-trips: unicode, braces, glob and SQL metacharacters."""
+    odd = "unique:v1:{ns}:a:t\x1fкey {x} *?[] '%_\"; DROP"
+    decide(store, active("j1", key=odd))
+    held = store.get(odd)
+    assert held is not None
+    assert held.job_id == "j1"
+    assert [h.key for h in store.scan(prefix="unique:v1:{ns}:a:t\x1f")] == [odd]

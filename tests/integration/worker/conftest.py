@@ -1,0 +1,87 @@
+"""Real workers on real brokers, with the uniqueness store on the real Redis.
+
+``celery_config`` is parametrized over the broker: every test that takes the
+``celery_app``/``celery_worker`` fixtures runs once on Redis and once on
+RabbitMQ. The store is always Redis db 9 (``redis_url``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_unique import config as unique_config
+from celery_unique import keyspace
+from celery_unique.stores.base import HeldKey
+from celery_unique.stores.redis import RedisStore
+from tests.conftest import redis_celery_config
+
+NAMESPACE = "it"
+
+
+@pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
+def broker(request: pytest.FixtureRequest) -> str:
+    """The broker of this run of the test."""
+    return str(request.param)
+
+
+@pytest.fixture
+def celery_config(broker: str, request: pytest.FixtureRequest, redis_url: str) -> Mapping[str, Any]:
+    """Celery settings for one broker, with the uniqueness store on Redis db 9."""
+    settings = {
+        **redis_celery_config(),
+        "unique_backend": redis_url,
+        "unique_namespace": NAMESPACE,
+        "task_acks_late": False,
+        "worker_prefetch_multiplier": 1,
+    }
+    if broker == "rabbitmq":
+        settings["broker_url"] = request.getfixturevalue("rabbitmq_url")
+    return settings
+
+
+@pytest.fixture
+def celery_worker_parameters() -> Mapping[str, Any]:
+    """Skip the ping round trip; shut down quickly."""
+    return {"perform_ping_check": False, "shutdown_timeout": 10}
+
+
+@pytest.fixture
+def store(redis_url: str, redis_client: Any) -> Iterator[RedisStore]:
+    """The store the app and worker use, emptied before the test."""
+    built = RedisStore.from_url(redis_url)
+    yield built
+    built.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime(celery_app: Celery) -> Iterator[None]:
+    """Each test's app builds its runtime from its own settings."""
+    unique_config.reset(celery_app)
+    yield
+    unique_config.reset(celery_app)
+
+
+def active_key(task_name: str, key: str) -> str:
+    """The storage key of an active key declared on ``task_name``."""
+    return keyspace.storage_key(NAMESPACE, keyspace.ACTIVE, task_name, key)
+
+
+def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def holder(store: RedisStore, key: str) -> HeldKey | None:
+    return store.get(key)

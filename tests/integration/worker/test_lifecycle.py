@@ -1,0 +1,239 @@
+"""Each scope's key is held, then freed at exactly its lifecycle point, on a real worker.
+
+Runs on Redis and on RabbitMQ as broker (see conftest), with the store on Redis.
+Jobs block on a gate in Redis so the test can look at the store while they
+wait or run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import MaxRetriesExceededError, Reject
+from celery.worker import WorkController
+
+from celery_unique import Disposition, DuplicateMatch, UniqueTask
+from celery_unique.stores.redis import RedisStore
+
+from .conftest import active_key, eventually
+
+SCOPES = ["queued", "active", "exists"]
+RETENTION_S = 30
+
+
+def define_hold(app: Celery, scope: str, redis_url: str, **options: Any) -> Any:
+    """A unique task keyed by ``tag`` that marks each start and waits for its gate."""
+    gates = redis.Redis.from_url(redis_url)
+
+    @app.task(
+        base=UniqueTask,
+        bind=True,
+        name=f"lifecycle.hold.{scope}",
+        unique_key=lambda job: f"tag:{job.tag}",
+        unique_while=scope,
+        unique_retention=RETENTION_S,
+        **options,
+    )
+    def hold(self: Any, tag: str, outcome: str = "ok") -> str:
+        attempt = self.request.retries
+        gates.incr(f"started:{tag}")
+        gates.set(f"running:{tag}:{attempt}", 1)
+        deadline = time.monotonic() + 20
+        while not gates.exists(f"go:{tag}:{attempt}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if outcome == "retry":
+            raise self.retry(countdown=0.1, max_retries=1)
+        if outcome == "reject":
+            raise Reject("rejected by the test", requeue=False)
+        if outcome == "fail":
+            raise ValueError("failed for good")
+        return tag
+
+    return hold
+
+
+def started(redis_client: Any, tag: str, attempt: int = 0) -> bool:
+    return bool(redis_client.exists(f"running:{tag}:{attempt}"))
+
+
+def go(redis_client: Any, tag: str, attempt: int = 0) -> None:
+    redis_client.set(f"go:{tag}:{attempt}", 1)
+
+
+def expect_held_by(store: RedisStore, key: str, job_id: str) -> None:
+    held = store.get(key)
+    assert held is not None, f"{key!r} should be held by {job_id}"
+    assert held.job_id == job_id
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_success_releases_at_the_scope_point(
+    scope: str,
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+) -> None:
+    """queued frees at start; active at success; exists keeps the key for its retention."""
+    hold = define_hold(celery_app, scope, redis_url)
+    celery_worker.reload()
+    key = active_key(hold.name, "tag:t1")
+
+    first = hold.delay("t1")
+    assert first.disposition is Disposition.CREATED
+    duplicate = hold.delay(tag="t1")
+    assert (duplicate.disposition, duplicate.duplicate_match, duplicate.id) == (
+        Disposition.REUSED,
+        DuplicateMatch.ACTIVE,
+        first.id,
+    )
+
+    eventually(lambda: started(redis_client, "t1"), what="the job to start")
+    if scope == "queued":
+        eventually(lambda: store.get(key) is None, what="release at start")
+    else:
+        expect_held_by(store, key, first.id)
+
+    go(redis_client, "t1")
+    assert first.get(timeout=15) == "t1"
+    if scope == "exists":
+        held = eventually(lambda: (h := store.get(key)) and h.finished and h, what="retention")
+        assert held.job_id == first.id
+        assert 0 < held.expires_in_ms <= RETENTION_S * 1000
+        assert hold.delay("t1").id == first.id
+    else:
+        eventually(lambda: store.get(key) is None, what="release at success")
+        assert hold.delay("t1").id != first.id
+    assert redis_client.get("started:t1") == b"1"
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_retry_keeps_or_leaves_the_key_and_final_failure_releases(
+    scope: str,
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+) -> None:
+    """During a retry active/exists keys stay held and queued keys stay free; failure releases."""
+    hold = define_hold(celery_app, scope, redis_url)
+    celery_worker.reload()
+    key = active_key(hold.name, "tag:r1")
+
+    job = hold.delay("r1", outcome="retry")
+    eventually(lambda: started(redis_client, "r1"), what="the first attempt")
+    go(redis_client, "r1", 0)
+    eventually(lambda: started(redis_client, "r1", 1), what="the retry to run")
+    if scope == "queued":
+        assert store.get(key) is None
+        assert hold.delay("r1").disposition is Disposition.CREATED
+    else:
+        expect_held_by(store, key, job.id)
+        assert hold.delay("r1").id == job.id
+    go(redis_client, "r1", 1)
+    with pytest.raises(MaxRetriesExceededError):
+        job.get(timeout=15)
+    if scope == "exists":
+        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after failure")
+    elif scope == "active":
+        eventually(lambda: store.get(key) is None, what="release after final failure")
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_revoke_before_start_releases(
+    scope: str,
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+) -> None:
+    """A job revoked while it waits for its ETA frees its key, whatever the scope.
+
+    Celery checks the revoked set when the job would start, so that is when the
+    worker discards it and the key is freed; until then the key stays held.
+    """
+    hold = define_hold(celery_app, scope, redis_url)
+    celery_worker.reload()
+    key = active_key(hold.name, "tag:v1")
+
+    job = hold.apply_async(("v1",), countdown=3)
+    expect_held_by(store, key, job.id)
+    time.sleep(1.0)  # let the worker receive it and park it until its ETA
+    job.revoke()
+    expect_held_by(store, key, job.id)
+    if scope == "exists":
+        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after revoke")
+    else:
+        eventually(lambda: store.get(key) is None, what="release after revoke")
+    assert not redis_client.exists("started:v1")
+
+
+@pytest.mark.parametrize("scope", SCOPES)
+def test_expired_job_releases(
+    scope: str,
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+) -> None:
+    """A job whose ``expires`` passes before it runs frees its key and never runs."""
+    hold = define_hold(celery_app, scope, redis_url)
+    celery_worker.reload()
+    key = active_key(hold.name, "tag:e1")
+
+    job = hold.apply_async(("e1",), countdown=1.5, expires=0.5)
+    expect_held_by(store, key, job.id)
+    if scope == "exists":
+        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after expiry")
+    else:
+        eventually(lambda: store.get(key) is None, what="release after expiry")
+    assert not redis_client.exists("started:e1")
+
+
+@pytest.mark.parametrize("scope", ["active", "exists"])
+def test_reject_releases(
+    scope: str,
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+) -> None:
+    """A job that rejects its message without requeue has ended: its key is freed."""
+    hold = define_hold(celery_app, scope, redis_url)
+    celery_worker.reload()
+    key = active_key(hold.name, "tag:j1")
+
+    job = hold.delay("j1", outcome="reject")
+    eventually(lambda: started(redis_client, "j1"), what="the job to start")
+    expect_held_by(store, key, job.id)
+    go(redis_client, "j1")
+    if scope == "exists":
+        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after reject")
+    else:
+        eventually(lambda: store.get(key) is None, what="release after reject")
+
+
+def test_unknown_task_releases(
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_url: str,
+) -> None:
+    """A job the worker does not know ends without running: its key is freed."""
+    producer = Celery("producer", set_as_current=False)
+    producer.conf.update(celery_app.conf)
+    hold = define_hold(producer, "active", redis_url)
+    key = active_key(hold.name, "tag:u1")
+
+    job = hold.delay("u1")
+    expect_held_by(store, key, job.id)
+    eventually(lambda: store.get(key) is None, what="release of an unknown task's key")
