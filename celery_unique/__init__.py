@@ -7,9 +7,12 @@ queueing a duplicate.
 
 from __future__ import annotations
 
+from celery_unique.batch import dispatch_many
 from celery_unique.exceptions import (
     BackendUnavailable,
+    CallbacksNotAttached,
     CompositionConflict,
+    GroupMemberReused,
     ImproperlyConfigured,
     InvalidDeclaration,
     InvalidKey,
@@ -21,8 +24,10 @@ from celery_unique.exceptions import (
     UniquenessConflict,
     UniquenessError,
     UniquenessRequired,
+    UniquenessWarning,
     UnsupportedCombination,
 )
+from celery_unique.install import install
 from celery_unique.payload import Payload
 from celery_unique.receipt import Disposition, DuplicateMatch
 from celery_unique.stores.base import Scope
@@ -32,9 +37,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BackendUnavailable",
+    "CallbacksNotAttached",
     "CompositionConflict",
     "Disposition",
     "DuplicateMatch",
+    "GroupMemberReused",
     "ImproperlyConfigured",
     "InvalidDeclaration",
     "InvalidKey",
@@ -49,5 +56,8 @@ __all__ = [
     "UniquenessConflict",
     "UniquenessError",
     "UniquenessRequired",
+    "UniquenessWarning",
     "UnsupportedCombination",
+    "dispatch_many",
+    "install",
 ]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -31,9 +33,12 @@ from celery_unique.declaration import (
 )
 from celery_unique.exceptions import (
     BackendUnavailable,
+    CallbacksNotAttached,
     CompositionConflict,
+    GroupMemberReused,
     KeyMismatch,
     UniquenessConflict,
+    UniquenessError,
     UnsupportedCombination,
 )
 from celery_unique.fingerprint import policy_digest, request_fingerprint
@@ -53,9 +58,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("celery_unique")
 
-
-class CallbacksNotAttached(UserWarning):
-    """A reused dispatch carried link/link_error/chain callbacks the existing job will not run."""
+#: The job id whose dispatch is being published right now: in eager mode Celery's
+#: apply_async calls apply(), which must not decide a second time.
+_decided: ContextVar[str | None] = ContextVar("celery_unique_decided", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +72,16 @@ class Plan:
     #: Keys as users read them, for messages and logs.
     active_key: str | None
     window_key: str | None
+
+
+@contextmanager
+def decided(job_id: str | None) -> Iterator[None]:
+    """Mark ``job_id`` as decided while it is published (eager mode re-enters via apply())."""
+    token = _decided.set(job_id)
+    try:
+        yield
+    finally:
+        _decided.reset(token)
 
 
 def take_dispatch_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -112,6 +127,11 @@ def plan(
     if not (declaration.declares_keys or dispatch_key or dispatch_window_key):
         return None
 
+    if options.get("chord"):
+        raise UnsupportedCombination(
+            f"{task.name} is unique and a chord header member: if it were deduplicated the "
+            "chord would wait for it forever. Deduplicate the chord as a whole instead."
+        )
     arguments = _bind(declaration, args, kwargs)
     view = ArgumentView(arguments)
     cached: list[dict[str, Any]] = []
@@ -198,7 +218,7 @@ def plan(
         )
     handoff = None
     if active_claim is not None and scope is not Scope.QUEUED:
-        handoff = _running_holder(task.app, active_claim.key)
+        handoff = _running_holder(task, active_claim.key)
     return Plan(
         claim=Claim(
             job_id=job_id,
@@ -251,10 +271,14 @@ def _wait_ms(options: Mapping[str, Any]) -> int:
     return 0
 
 
-def _running_holder(app: Celery, active_key: str) -> str | None:
-    """The running job that holds ``active_key``, when it dispatches its own successor."""
-    current = app.current_worker_task
-    if current is None:
+def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
+    """The running job that holds ``active_key``, when it dispatches its own successor.
+
+    Only a job of the same task hands its key on (a chain to itself, a job that
+    re-enqueues itself); any other dispatch meeting the key is a duplicate.
+    """
+    current = task.app.current_worker_task
+    if current is None or current.name != task.name:
         return None
     header = read_header(current.request)
     if header is not None and header.get("a") == active_key:
@@ -298,31 +322,39 @@ def conclude(
     publish: Callable[[], AsyncResult[Any]],
     *,
     callbacks: bool = False,
+    group_member: bool = False,
 ) -> AsyncResult[Any]:
     """Publish for a created verdict (rolling back if that fails), else hand back or raise."""
-    verdict = decision.verdict
-    if verdict.publishes:
+    if decision.verdict.publishes:
         try:
             result = publish()
         except BaseException:
-            if verdict is Verdict.CREATED:
-                _rollback(rt, plan.claim)
+            if decision.verdict is Verdict.CREATED:
+                rollback(rt, plan.claim)
             raise
         return stamp(result)
-    if verdict is Verdict.CONFLICT:
+    error = verdict_error(task, plan, decision)
+    if error is not None:
+        raise error
+    return reused(task, plan, decision, callbacks=callbacks, group_member=group_member)
+
+
+def verdict_error(task: Task[Any, Any], plan: Plan, decision: Decision) -> UniquenessError | None:
+    """The error a conflicting verdict stands for (logged once), else ``None``."""
+    if decision.verdict is Verdict.CONFLICT:
         logger.warning(
             "%s: window key %r already used by job %s with a different request",
             task.name,
             plan.window_key,
             decision.job_id,
         )
-        raise UniquenessConflict(
+        return UniquenessConflict(
             f"window key {plan.window_key!r} of {task.name} is already used by job "
             f"{decision.job_id} for a different request (payload, routing, start time, "
             "headers or callbacks differ)",
             conflicting_job_id=decision.job_id,
         )
-    if verdict is Verdict.COMPOSITION_CONFLICT:
+    if decision.verdict is Verdict.COMPOSITION_CONFLICT:
         logger.warning(
             "%s: window key %r and active key %r point at different jobs %s",
             task.name,
@@ -330,12 +362,25 @@ def conclude(
             plan.active_key,
             ", ".join(decision.conflicting_job_ids),
         )
-        raise CompositionConflict(
+        return CompositionConflict(
             f"window key {plan.window_key!r} points at job {decision.conflicting_job_ids[0]} "
             f"but active key {plan.active_key!r} is held by job "
             f"{decision.conflicting_job_ids[-1]}",
             conflicting_job_ids=decision.conflicting_job_ids,
         )
+    return None
+
+
+def reused(
+    task: Task[Any, Any],
+    plan: Plan,
+    decision: Decision,
+    *,
+    callbacks: bool,
+    group_member: bool = False,
+) -> AsyncResult[Any]:
+    """The existing job's result, stamped as reused; warns when callbacks are left behind."""
+    verdict = decision.verdict
     match = DuplicateMatch.WINDOW if verdict is Verdict.REUSED_WINDOW else DuplicateMatch.ACTIVE
     matched_key = plan.window_key if match is DuplicateMatch.WINDOW else plan.active_key
     logger.info(
@@ -347,6 +392,8 @@ def conclude(
         " with policy drift" if decision.policy_drift else "",
     )
     result = task.AsyncResult(decision.job_id)
+    # A window match means the same request, callbacks included (they are in the
+    # fingerprint); an active match may hand back a job that lacks them.
     dropped = callbacks and match is DuplicateMatch.ACTIVE
     result.callbacks_dropped = dropped  # type: ignore[attr-defined]
     if dropped:
@@ -354,12 +401,21 @@ def conclude(
             f"{task.name}: dispatch reused job {decision.job_id} (active key {matched_key!r}); "
             "its link/link_error/chain callbacks are not attached to that job and will not run",
             CallbacksNotAttached,
-            stacklevel=4,
+            stacklevel=5,
+        )
+    if group_member:
+        warnings.warn(
+            f"{task.name}: a group member reused job {decision.job_id}; the group's result "
+            "holds the member's own id, which will never run: wait on the job ids this "
+            "dispatch returns, not on the GroupResult",
+            GroupMemberReused,
+            stacklevel=5,
         )
     return stamp(result, Disposition.REUSED, match, policy_drift=decision.policy_drift)
 
 
-def _rollback(rt: Runtime, claim: Claim) -> None:
+def rollback(rt: Runtime, claim: Claim) -> None:
+    """Undo a created claim after its publish failed; never masks the publish error."""
     try:
         rt.store.rollback(claim)
     except Exception:
@@ -379,14 +435,18 @@ def apply_unique(
     link_error: Any,
     options: dict[str, Any],
 ) -> AsyncResult[Any]:
-    """``apply_async`` of a unique task. ``send`` is Celery's own ``apply_async``."""
+    """A dispatch of a unique task. ``send`` is Celery's own ``apply_async`` or ``apply``."""
+    if task_id is not None and _decided.get() == task_id:
+        # Our own apply_async in eager mode calling apply(): decided already.
+        return send(args, kwargs, task_id=task_id, link=link, link_error=link_error, **options)
     overrides = take_dispatch_options(options)
     declaration: Declaration = task.__unique__  # type: ignore[attr-defined]
     app = task.app
 
     def publish(job_id: str | None, header: KeyHeader | None = None) -> AsyncResult[Any]:
         opts = with_header(options, header) if header is not None else options
-        return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts)
+        with decided(job_id):
+            return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts)
 
     resent = resent_job(app, task_id)
     if resent is not None:
@@ -412,11 +472,6 @@ def apply_unique(
     )
     if planned is None:
         return stamp(publish(task_id))
-    if options.get("chord"):
-        raise UnsupportedCombination(
-            f"{task.name} is unique and a chord header member: if it were deduplicated the "
-            "chord would wait for it forever. Deduplicate the chord as a whole instead."
-        )
     decision = decide_one(rt, planned.claim)
     if decision is None:
         return stamp(publish(task_id))
@@ -428,4 +483,5 @@ def apply_unique(
         decision,
         lambda: publish(job_id, planned.header),
         callbacks=callbacks,
+        group_member=task_id is not None and bool(options.get("group_id")),
     )

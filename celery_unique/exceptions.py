@@ -128,3 +128,15 @@ class ImproperlyConfigured(UniquenessError):
     """celery-unique's settings are missing or malformed."""
 
     code = "improperly_configured"
+
+
+class UniquenessWarning(UserWarning):
+    """Base of the warnings celery-unique emits when a duplicate changes what a caller holds."""
+
+
+class CallbacksNotAttached(UniquenessWarning):
+    """A reused dispatch carried link/link_error/chain callbacks the existing job will not run."""
+
+
+class GroupMemberReused(UniquenessWarning):
+    """A group member was reused: the group's result for that member will never be ready."""

@@ -25,12 +25,17 @@ class KeyHeader(TypedDict, total=False):
 
 
 def read_header(source: Any) -> KeyHeader | None:
-    """The key header of a request, a message or a headers dict; ``None`` without one.
+    """The key header of a task request, a worker request, a message or a headers dict.
+
+    ``None`` without one.
 
     Tolerates jobs sent by producers without the plugin and headers from a
     future version (ignored rather than misread).
     """
     headers = source if isinstance(source, dict) else getattr(source, "headers", None)
+    if not isinstance(headers, dict):
+        # A worker's Request (main process) keeps the message headers in request_dict.
+        headers = getattr(source, "request_dict", None)
     value = headers.get(HEADER) if isinstance(headers, dict) else None
     if value is None and not isinstance(source, dict):
         value = getattr(source, HEADER, None)

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.result import AsyncResult
 
-from celery_unique import lifecycle
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
+from celery_unique.install import install
 
 
 class UniqueTask(Task):  # type: ignore[type-arg]
@@ -44,7 +44,7 @@ class UniqueTask(Task):  # type: ignore[type-arg]
     @classmethod
     def on_bound(cls, app: Any) -> None:
         super().on_bound(app)
-        lifecycle.connect()
+        install(app)
 
     def apply_async(
         self,
@@ -63,6 +63,30 @@ class UniqueTask(Task):  # type: ignore[type-arg]
             )
 
         return apply_unique(self, send, args, kwargs, task_id, link, link_error, options)
+
+    def apply(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        task_id: str | None = None,
+        retries: int | None = None,
+        throw: bool | None = None,
+        logfile: str | None = None,
+        loglevel: str | None = None,
+        headers: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Run eagerly, with the same uniqueness as a dispatch (``.apply()``, eager mode)."""
+
+        def run(args: Any, kwargs: Any, **opts: Any) -> Any:
+            return super(UniqueTask, self).apply(args, kwargs, **opts)
+
+        options.update(retries=retries, throw=throw, logfile=logfile, loglevel=loglevel)
+        if headers is not None:
+            options["headers"] = headers
+        return apply_unique(self, run, args, kwargs, task_id, link, link_error, options)
 
 
 UniqueTask.__unique__ = Declaration()

@@ -53,8 +53,11 @@ Configuration:
   ``celery.ping`` task and asserts it is registered
   (``celery_worker_parameters`` returning ``{"perform_ping_check": False}``
   drops that check and saves a round trip).
-* ``celery_worker_parameters``: keyword arguments of ``WorkController``
-  (``queues``, ``shutdown_timeout``, ``perform_ping_check`` ...).
+* ``celery_worker_parameters``: keyword arguments of ``start_worker`` /
+  ``WorkController`` (``perform_ping_check``, ``shutdown_timeout``, ``queues``
+  ...). Ours sets ``shutdown_timeout=30``: with an ETA/countdown job held, the
+  worker's event loop can take 10 s to notice the stop request (seen with
+  RabbitMQ), and Celery's default of 10 s then fails the teardown at random.
 
 Tasks defined after the worker started (``@celery_app.task`` inside the test
 body, the usual pattern) are unknown to it until ``celery_worker.reload()``;
@@ -105,6 +108,11 @@ _FIXTURE_MARKERS = {
     "postgres_dsn": "postgres",
 }
 
+#: Fixtures that start an in-thread worker.
+_WORKER_FIXTURES = frozenset({"celery_worker", "celery_session_worker"})
+#: Fixtures whose teardown leaves Celery/kombu connections for the garbage collector.
+_CELERY_FIXTURES = _WORKER_FIXTURES | {"celery_app", "celery_session_app"}
+
 _seen_up: set[tuple[str, int]] = set()
 
 
@@ -151,16 +159,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Check the services a test is marked with before any of its fixtures runs."""
+    """Check the services a test is marked with before any of its fixtures runs.
+
+    Also clear what a worker that failed to stop in time leaves in process
+    globals: Celery's stop flag (left set, every later in-thread worker exits
+    at once while ``start_worker`` waits for it forever) and kombu's current
+    event loop (a new worker would share the old one's hub and hang).
+    """
     for name in _DEFAULT_PORTS:
         if item.get_closest_marker(name) is not None:
             require_service(name)
+    if not _WORKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+        from celery.worker import state
+        from kombu.asynchronous import set_event_loop
 
-
-#: Fixtures whose teardown leaves Celery/kombu connections for the garbage collector.
-_CELERY_FIXTURES = frozenset(
-    {"celery_app", "celery_worker", "celery_session_app", "celery_session_worker"}
-)
+        state.should_stop = None
+        state.should_terminate = None
+        set_event_loop(None)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -289,6 +304,18 @@ def celery_config() -> Mapping[str, Any]:
     Connects to nothing by itself: only a worker or a publish does.
     """
     return redis_celery_config()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters() -> Mapping[str, Any]:
+    """Keyword arguments of the legacy worker fixtures' ``start_worker``.
+
+    ``shutdown_timeout`` is 30 s, not Celery's 10: while the worker holds an
+    ETA/countdown job its event loop polls for up to 10 s before it sees the
+    stop request, and a worker thread that outlives the timeout fails the test.
+    Keep at least that in overrides.
+    """
+    return {"shutdown_timeout": 30}
 
 
 @pytest.fixture(scope="session")

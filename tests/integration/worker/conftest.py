@@ -60,9 +60,14 @@ def store(redis_url: str, redis_client: Any) -> Iterator[RedisStore]:
 
 @pytest.fixture(autouse=True)
 def _fresh_runtime(celery_app: Celery) -> Iterator[None]:
-    """Each test's app builds its runtime from its own settings."""
+    """Each test starts with an empty queue and an app runtime built from its own settings.
+
+    Jobs a test leaves queued would otherwise reach the next test's worker first.
+    """
     unique_config.reset(celery_app)
+    celery_app.control.purge()
     yield
+    celery_app.control.purge()
     unique_config.reset(celery_app)
 
 

@@ -1,0 +1,207 @@
+"""``dispatch_many``: many dispatches, one store round trip, one producer connection.
+
+Items behave as if dispatched one after another in input order (the store
+decides the batch with sequential semantics). Every item is planned before
+the store is asked, so bad input anywhere fails the batch with nothing
+written; a conflict fails the whole batch too unless ``continue_on_conflict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery, Task
+from celery.canvas import Signature, maybe_signature
+from celery.result import AsyncResult
+from celery.utils import uuid
+
+from celery_unique.config import Runtime, runtime
+from celery_unique.declaration import DISPATCH_OPTIONS
+from celery_unique.dispatch import (
+    Plan,
+    decided,
+    plan,
+    reused,
+    rollback,
+    take_dispatch_options,
+    verdict_error,
+    with_header,
+)
+from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
+from celery_unique.receipt import stamp
+from celery_unique.stores.base import Decision, Verdict
+
+Outcome = AsyncResult[Any] | UniquenessError
+
+
+@dataclass
+class _Item:
+    index: int
+    task: Task[Any, Any]
+    args: Any
+    kwargs: Any
+    options: dict[str, Any]
+    job_id: str
+    link: Any
+    link_error: Any
+    plan: Plan | None = None
+    decision: Decision | None = None
+    outcome: Outcome | None = None
+
+    @property
+    def app(self) -> Celery:
+        return self.task.app
+
+    @property
+    def result(self) -> Outcome:
+        assert self.outcome is not None, "every item is published, reused or failed"
+        return self.outcome
+
+
+def dispatch_many(
+    signatures: Iterable[Signature[Any] | dict[str, Any]], continue_on_conflict: bool = False
+) -> list[Outcome]:
+    """Dispatch every signature; return one result per item, in input order.
+
+    Without ``continue_on_conflict`` any failing item raises its error (with
+    ``.index``) and nothing is written or published. With it, a failing item's
+    slot holds its error and the other items proceed.
+    """
+    entries: list[_Item | UniquenessError] = []
+    for index, signature in enumerate(signatures):
+        try:
+            entries.append(_prepare(index, _signature(signature)))
+        except UniquenessError as error:
+            error.index = index
+            if not continue_on_conflict:
+                raise
+            entries.append(error)
+
+    items = [entry for entry in entries if isinstance(entry, _Item)]
+    _decide(items, continue_on_conflict)
+    _publish(items)
+    return [entry if isinstance(entry, UniquenessError) else entry.result for entry in entries]
+
+
+def _signature(value: Signature[Any] | dict[str, Any]) -> Signature[Any]:
+    signature = maybe_signature(value)
+    if not isinstance(signature, Signature) or not signature.task:
+        raise TypeError(f"dispatch_many takes task signatures, not {value!r}")
+    return signature
+
+
+def _prepare(index: int, signature: Signature[Any]) -> _Item:
+    app = signature.app
+    options = dict(signature.options)
+    name = str(signature.task)
+    task = app.tasks.get(name)
+    if task is None:
+        if any(option in options for option in DISPATCH_OPTIONS):
+            raise UnsupportedCombination(
+                f"item {index}: task {name!r} is not registered in this process, "
+                "so its uniqueness options cannot be applied"
+            )
+        task = app.tasks[name]  # KeyError, as Celery itself would raise
+    overrides = take_dispatch_options(options)
+    job_id = options.pop("task_id", None) or uuid()
+    link, link_error = options.pop("link", None), options.pop("link_error", None)
+    item = _Item(index, task, signature.args, signature.kwargs, options, job_id, link, link_error)
+    declaration = getattr(task, "__unique__", None)
+    if declaration is not None and (overrides or declaration.declares_keys):
+        item.plan = plan(
+            task,
+            declaration,
+            overrides,
+            item.args,
+            item.kwargs,
+            options,
+            job_id=job_id,
+            link=link,
+            link_error=link_error,
+            rt=runtime(app),
+        )
+    elif overrides:
+        raise UnsupportedCombination(
+            f"item {index}: {task.name} is not a UniqueTask; its uniqueness options would be "
+            "ignored"
+        )
+    return item
+
+
+def _decide(items: Sequence[_Item], continue_on_conflict: bool) -> None:
+    """One store round trip per store (in practice: one) for every planned item."""
+    by_store: dict[int, tuple[Runtime, list[_Item]]] = {}
+    for item in items:
+        if item.plan is not None:
+            rt = runtime(item.app)
+            by_store.setdefault(id(rt.store), (rt, []))[1].append(item)
+    for rt, planned in by_store.values():
+        try:
+            decisions = rt.store.decide(
+                [item.plan.claim for item in planned],  # type: ignore[union-attr]
+                all_or_nothing=not continue_on_conflict,
+            )
+        except BackendUnavailable:
+            if not rt.fail_open:
+                raise
+            for item in planned:
+                item.plan = None  # publish without uniqueness, as a single dispatch would
+            continue
+        for item, decision in zip(planned, decisions, strict=True):
+            item.decision = decision
+    for item in items:
+        if item.plan is None or item.decision is None:
+            continue
+        error = verdict_error(item.task, item.plan, item.decision)
+        if error is not None:
+            error.index = item.index
+            if not continue_on_conflict:
+                raise error
+            item.outcome = error
+
+
+def _publish(items: Sequence[_Item]) -> None:
+    """Publish created items in order over one producer per app; hand back the rest."""
+    with ExitStack() as stack:
+        producers: dict[int, Any] = {}
+        for position, item in enumerate(items):
+            if item.outcome is not None:
+                continue
+            decision = item.decision
+            if item.plan is not None and decision is not None and not decision.verdict.publishes:
+                callbacks = bool(item.link or item.link_error or item.options.get("chain"))
+                item.outcome = reused(item.task, item.plan, decision, callbacks=callbacks)
+                continue
+            if id(item.app) not in producers:
+                producers[id(item.app)] = stack.enter_context(item.app.producer_or_acquire())
+            options = item.options
+            if item.plan is not None:
+                options = with_header(options, item.plan.header)
+            try:
+                with decided(item.job_id):
+                    # Celery's own apply_async: the decision is made already.
+                    result = Task.apply_async(
+                        item.task,
+                        item.args,
+                        item.kwargs,
+                        task_id=item.job_id,
+                        producer=producers[id(item.app)],
+                        link=item.link,
+                        link_error=item.link_error,
+                        **options,
+                    )
+            except BaseException:
+                _roll_back_unpublished(items[position:])
+                raise
+            item.outcome = stamp(result)
+
+
+def _roll_back_unpublished(items: Sequence[_Item]) -> None:
+    """Free the keys of created items that will now never be published."""
+    for item in items:
+        decision = item.decision
+        if item.plan is not None and decision is not None and decision.verdict is Verdict.CREATED:
+            rollback(runtime(item.app), item.plan.claim)

@@ -1,0 +1,371 @@
+"""``celery -A proj unique ...``: look at and manage held keys from the command line.
+
+Registered through Celery's ``celery.commands`` entry point, so the app, its
+configuration and ``--no-color``/``--quiet`` come from ``celery`` itself::
+
+    celery -A proj unique list [--kind active|window] [--task NAME] [--match GLOB]
+                               [--limit N] [--offset N] [--json]
+    celery -A proj unique show KEY [--kind active|window] [--json]
+    celery -A proj unique release KEY [--kind ...] [--job-id ID] [--yes]
+    celery -A proj unique reap [--apply] [--json]
+    celery -A proj unique stats [--json]
+    celery -A proj unique explain TASK_NAME [--args JSON] [--kwargs JSON] [--options JSON] [--json]
+
+Every command acts on the app's namespace (``unique_namespace``) only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+
+from celery_unique import keyspace, operations
+from celery_unique.config import runtime
+from celery_unique.exceptions import UniquenessError
+from celery_unique.explain import explain_dispatch
+from celery_unique.operations import KeyInfo, format_ms
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_KIND = click.Choice(["active", "window"])
+
+
+def _operator_errors(command: F) -> F:
+    """Report the library's errors as a one-line message and exit status 1."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (UniquenessError, operations.AmbiguousKey) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Rows as left-aligned columns under their headers."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    )
+
+
+def _echo_json(ctx: click.Context, value: Any) -> None:
+    ctx.obj.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _app(ctx: click.Context) -> Any:
+    return ctx.obj.app
+
+
+def _job_state(app: Any, job_id: str) -> str:
+    try:
+        return operations.job_state(app, job_id)
+    except NotImplementedError:
+        return "unknown (no result backend)"
+
+
+@click.group(name="unique")
+@click.pass_context
+@handle_preload_options
+def unique(ctx: click.Context) -> None:
+    """Inspect and manage celery-unique keys: list, show, release, reap, stats, explain."""
+
+
+@unique.command(name="list", cls=CeleryCommand)
+@click.option("--kind", type=_KIND, cls=CeleryOption, help_group="Filters", help="Key kind.")
+@click.option(
+    "--task", cls=CeleryOption, help_group="Filters", help="Only keys written by this task."
+)
+@click.option(
+    "--match",
+    cls=CeleryOption,
+    help_group="Filters",
+    help="Shell pattern on the display key, e.g. 'proj.tasks.report:tenant:*'.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=100,
+    show_default=True,
+    cls=CeleryOption,
+    help_group="Paging",
+    help="At most this many keys.",
+)
+@click.option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    cls=CeleryOption,
+    help_group="Paging",
+    help="Skip this many keys (ordered by storage key).",
+)
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+@_operator_errors
+def list_(
+    ctx: click.Context,
+    kind: str | None,
+    task: str | None,
+    match: str | None,
+    limit: int,
+    offset: int,
+    as_json: bool,
+) -> None:
+    """List held keys."""
+    app = _app(ctx)
+    # One more than asked for tells whether another page exists.
+    found = operations.list_keys(
+        app, kind=kind, task=task, match=match, limit=limit + 1, offset=offset
+    )
+    page, more = found[:limit], len(found) > limit
+    if as_json:
+        _echo_json(ctx, {"keys": [info.as_dict() for info in page], "offset": offset, "more": more})
+        return
+    if not page:
+        ctx.obj.echo(f"no keys held in namespace {runtime(app).namespace!r} match")
+        return
+    ctx.obj.echo(
+        table(
+            ["KEY", "KIND", "SCOPE", "STATE", "JOB", "TASK", "EXPIRES IN"],
+            [
+                [
+                    info.display_key,
+                    info.kind.value,
+                    info.scope.value if info.scope else "-",
+                    info.state,
+                    info.job_id,
+                    info.task,
+                    format_ms(info.expires_in_ms),
+                ]
+                for info in page
+            ],
+        )
+    )
+    if more:
+        ctx.obj.echo(f"... more keys: --offset {offset + limit}")
+
+
+def _describe(info: KeyInfo, state: str) -> str:
+    rows = [
+        ("key", info.display_key),
+        ("storage key", info.printable_storage_key),
+        ("kind", info.kind.value + (f" (while {info.scope.value})" if info.scope else "")),
+        ("job", f"{info.job_id} ({state})"),
+        ("task", info.task),
+        ("state", info.state),
+        ("expires in", format_ms(info.expires_in_ms)),
+    ]
+    if info.fingerprint:
+        rows += [("fingerprint", info.fingerprint), ("policy", info.policy or "-")]
+    return "\n".join(f"{name + ':':<13} {value}" for name, value in rows)
+
+
+def _scoped_hint(key: str) -> str:
+    if key.startswith(keyspace.PREFIX):
+        return ""
+    return (
+        f" (keys are scoped to their task unless declared with unique_prefix=False: "
+        f"try '<task name>:{key}', or: unique list --match '*:{key}')"
+    )
+
+
+@unique.command(cls=CeleryCommand)
+@click.argument("key")
+@click.option("--kind", type=_KIND, cls=CeleryOption, help="Only this kind of key.")
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+@_operator_errors
+def show(ctx: click.Context, key: str, kind: str | None, as_json: bool) -> None:
+    """Show who holds KEY (a display key 'task:key', a bare key, or a storage key)."""
+    app = _app(ctx)
+    found = operations.show(app, key, kind=kind)
+    if not found:
+        raise click.ClickException(
+            f"no held key matches {key!r} in namespace {runtime(app).namespace!r}"
+            + _scoped_hint(key)
+        )
+    states = [_job_state(app, info.job_id) for info in found]
+    if as_json:
+        _echo_json(
+            ctx,
+            [
+                {**info.as_dict(), "job_state": state}
+                for info, state in zip(found, states, strict=True)
+            ],
+        )
+        return
+    ctx.obj.echo(
+        "\n\n".join(_describe(info, state) for info, state in zip(found, states, strict=True))
+    )
+
+
+@unique.command(cls=CeleryCommand)
+@click.argument("key")
+@click.option("--kind", type=_KIND, cls=CeleryOption, help="Only this kind of key.")
+@click.option("--job-id", cls=CeleryOption, help="Release only while this job holds the key.")
+@click.option("--yes", "-y", is_flag=True, cls=CeleryOption, help="Do not ask for confirmation.")
+@click.pass_context
+@_operator_errors
+def release(ctx: click.Context, key: str, kind: str | None, job_id: str | None, yes: bool) -> None:
+    """Release KEY now, so the next dispatch with it creates a job.
+
+    The job holding it is not stopped; a duplicate of it may then run beside it.
+    """
+    app = _app(ctx)
+    info = operations.resolve(app, key, kind=kind, job_id=job_id)
+    if info is None:
+        held_by = f" held by job {job_id}" if job_id else ""
+        raise click.ClickException(
+            f"no key{held_by} matches {key!r} in namespace {runtime(app).namespace!r}"
+            + _scoped_hint(key)
+        )
+    if not yes:
+        click.confirm(
+            f"Release {info.kind.value} key {info.display_key!r} held by job {info.job_id}?",
+            abort=True,
+        )
+    if not operations.release(app, info.storage_key, job_id=info.job_id):
+        raise click.ClickException(
+            f"{info.display_key!r} was not released: it no longer points at job {info.job_id}"
+        )
+    ctx.obj.echo(f"released {info.kind.value} key {info.display_key!r} (job {info.job_id})")
+
+
+@unique.command(cls=CeleryCommand)
+@click.option(
+    "--apply", is_flag=True, cls=CeleryOption, help="Release the orphans (default: dry run)."
+)
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+@_operator_errors
+def reap(ctx: click.Context, apply: bool, as_json: bool) -> None:
+    """Find active keys whose job has ended (result backend) and, with --apply, release them."""
+    report = operations.reap(_app(ctx), apply=apply)
+    if as_json:
+        _echo_json(ctx, report.as_dict())
+        return
+    if report.orphans:
+        ctx.obj.echo(
+            table(
+                ["KEY", "SCOPE", "JOB", "JOB STATE", "KEEP"],
+                [
+                    [
+                        orphan.key.display_key,
+                        orphan.key.scope.value if orphan.key.scope else "-",
+                        orphan.key.job_id,
+                        orphan.state,
+                        "-" if orphan.keep_ms == 0 else format_ms(orphan.keep_ms),
+                    ]
+                    for orphan in report.orphans
+                ],
+            )
+        )
+    kept = ", ".join(f"{state} {count}" for state, count in sorted(report.kept.items()))
+    ctx.obj.echo(
+        f"{len(report.orphans)} orphaned of {report.checked} held active keys"
+        + (f"; kept (job may still run or is unknown): {kept}" if kept else "")
+    )
+    if apply:
+        ctx.obj.echo(f"released {len(report.released)}")
+    elif report.orphans:
+        ctx.obj.echo("dry run: nothing released; run with --apply to release them")
+
+
+@unique.command(cls=CeleryCommand)
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+@_operator_errors
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Count held keys per kind, scope and task."""
+    counts = operations.stats(_app(ctx))
+    if as_json:
+        _echo_json(ctx, counts)
+        return
+    kinds, scopes = counts["kinds"], counts["scopes"]
+    ctx.obj.echo(
+        f"namespace {counts['namespace']!r}: {counts['keys']} keys\n"
+        f"active {kinds['active']} (held {counts['held']}, finished {counts['finished']}), "
+        f"window {kinds['window']}\n"
+        + ", ".join(f"{scope} {count}" for scope, count in scopes.items())
+    )
+    if counts["tasks"]:
+        ctx.obj.echo("")
+        ctx.obj.echo(
+            table(
+                ["TASK", "HELD", "FINISHED", "WINDOW"],
+                [
+                    [name, *(str(count) for count in each.values())]
+                    for name, each in counts["tasks"].items()
+                ],
+            )
+        )
+
+
+def _json_option(value: str | None, what: str, kind: type) -> Any:
+    if value is None:
+        return kind()
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=what) from exc
+    if not isinstance(parsed, kind):
+        raise click.BadParameter(f"must be a JSON {kind.__name__}", param_hint=what)
+    return parsed
+
+
+@unique.command(cls=CeleryCommand)
+@click.argument("task_name")
+@click.option("--args", "args_json", cls=CeleryOption, help="Positional arguments, a JSON list.")
+@click.option("--kwargs", "kwargs_json", cls=CeleryOption, help="Keyword arguments, a JSON object.")
+@click.option(
+    "--options",
+    "options_json",
+    cls=CeleryOption,
+    help="apply_async options, a JSON object: unique_key, queue, countdown, ...",
+)
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+@_operator_errors
+def explain(
+    ctx: click.Context,
+    task_name: str,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    as_json: bool,
+) -> None:
+    """Tell what dispatching TASK_NAME with these arguments would do now (writes nothing)."""
+    app = _app(ctx)
+    args = _json_option(args_json, "--args", list)
+    kwargs = _json_option(kwargs_json, "--kwargs", dict)
+    options = _json_option(options_json, "--options", dict)
+    app.loader.import_default_modules()
+    task = app.tasks.get(task_name)
+    if task is None:
+        raise click.ClickException(
+            f"task {task_name!r} is not registered in this app (is its module in "
+            "'imports'/'include', or autodiscovered?)"
+        )
+    if not hasattr(task, "__unique__"):
+        raise click.ClickException(f"task {task_name!r} is not a UniqueTask: nothing to explain")
+    try:
+        explanation = explain_dispatch(task, args, kwargs, **options)
+    except (UniquenessError, TypeError) as exc:
+        # TypeError: the arguments do not fit the task's signature.
+        code = exc.code if isinstance(exc, UniquenessError) else type(exc).__name__
+        if as_json:
+            _echo_json(ctx, {"task": task_name, "error": {"code": code, "message": str(exc)}})
+            ctx.exit(1)
+        raise click.ClickException(f"the dispatch would fail with {code}: {exc}") from exc
+    if as_json:
+        _echo_json(ctx, explanation.as_dict())
+    else:
+        ctx.obj.echo(str(explanation))

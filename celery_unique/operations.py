@@ -1,0 +1,388 @@
+"""What an operator does with held keys, for any store: list, show, release, reap, count.
+
+The Celery CLI (``celery -A proj unique ...``) and the Django management
+commands are thin shells around these functions. Everything here works on the
+current app's namespace only, through the store contract (``scan``, ``get``,
+``delete``, ``release``); nothing knows how a store lays its keys out.
+
+Keys are accepted in three spellings: the display key users read in logs and
+errors (``<task name>:<key>``, or the bare key of a key shared across tasks),
+and the storage key (``unique:v1:{ns}:a:<task>\\x1f<key>``, the unit separator
+also accepted written out as the four characters ``\\x1f``).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
+
+from celery import states
+
+from celery_unique import keyspace
+from celery_unique.config import runtime
+from celery_unique.exceptions import ImproperlyConfigured
+from celery_unique.signals import ReleaseReason, emit_released
+from celery_unique.stores.base import HeldKey, KeyKind, Scope
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+#: How a storage key's separator may be typed on a command line.
+ESCAPED_SEPARATOR = "\\x1f"
+
+_KIND_CHARS = {KeyKind.ACTIVE: keyspace.ACTIVE, KeyKind.WINDOW: keyspace.WINDOW}
+
+
+class AmbiguousKey(LookupError):
+    """A key names several held keys; give its kind or its storage key."""
+
+    def __init__(self, key: str, matches: list[KeyInfo]) -> None:
+        names = ", ".join(f"{info.kind.value} {info.printable_storage_key}" for info in matches)
+        super().__init__(f"{key!r} names {len(matches)} held keys: {names}")
+        self.key = key
+        self.matches = matches
+
+
+@dataclass(frozen=True, slots=True)
+class KeyInfo:
+    """One held key, as an operator reads it."""
+
+    display_key: str
+    storage_key: str
+    kind: KeyKind
+    job_id: str
+    #: The task whose dispatch wrote the key.
+    task: str
+    #: The task name the key is scoped to; ``""`` for a key shared across tasks.
+    key_scope: str
+    #: How long an active key is held (``None`` for window keys).
+    scope: Scope | None
+    #: An ``exists`` key kept after its job finished.
+    finished: bool
+    #: Milliseconds until the store forgets the key; ``None``: never by itself.
+    expires_in_ms: int | None
+    fingerprint: str | None
+    policy: str | None
+
+    @classmethod
+    def of(cls, held: HeldKey) -> KeyInfo:
+        _, _, key_scope, key = keyspace.split_storage_key(held.key)
+        return cls(
+            display_key=keyspace.display_key(key_scope, key),
+            storage_key=held.key,
+            kind=held.kind,
+            job_id=held.job_id,
+            task=held.task,
+            key_scope=key_scope,
+            scope=held.scope,
+            finished=held.finished,
+            expires_in_ms=held.expires_in_ms,
+            fingerprint=held.fingerprint,
+            policy=held.policy,
+        )
+
+    @property
+    def printable_storage_key(self) -> str:
+        return printable(self.storage_key)
+
+    @property
+    def state(self) -> str:
+        """``held`` (job not finished), ``finished`` (retained) or ``remembered`` (window)."""
+        if self.kind is KeyKind.WINDOW:
+            return "remembered"
+        return "finished" if self.finished else "held"
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready values."""
+        return {
+            "display_key": self.display_key,
+            "storage_key": self.storage_key,
+            "kind": self.kind.value,
+            "job_id": self.job_id,
+            "task": self.task,
+            "key_scope": self.key_scope,
+            "scope": None if self.scope is None else self.scope.value,
+            "finished": self.finished,
+            "expires_in_ms": self.expires_in_ms,
+            "fingerprint": self.fingerprint,
+            "policy": self.policy,
+        }
+
+
+def printable(storage_key: str) -> str:
+    """A storage key with its unit separator written out, so it can be typed back."""
+    return storage_key.replace(keyspace.SEPARATOR, ESCAPED_SEPARATOR)
+
+
+def format_ms(ms: int | None) -> str:
+    """A duration for people: ``1d 2h``, ``3m 4s``, ``250ms``; ``never`` for ``None``."""
+    if ms is None:
+        return "never"
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms // 1000
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        amount, seconds = divmod(seconds, size)
+        if amount:
+            parts.append(f"{amount}{unit}")
+    return " ".join(parts[:2])
+
+
+def _prefix(app: Celery, kind: KeyKind | None = None) -> str:
+    prefix = keyspace.namespace_prefix(runtime(app).namespace)
+    return prefix if kind is None else f"{prefix}{_KIND_CHARS[kind]}:"
+
+
+def parse_kind(kind: KeyKind | str | None) -> KeyKind | None:
+    """``"active"``/``"window"`` (or a :class:`KeyKind`) -> :class:`KeyKind`."""
+    return None if kind is None else KeyKind(kind)
+
+
+def iter_keys(app: Celery, *, kind: KeyKind | str | None = None) -> Iterator[KeyInfo]:
+    """Every key of the app's namespace, in the store's order."""
+    wanted = parse_kind(kind)
+    for held in runtime(app).store.scan(kind=wanted, prefix=_prefix(app, wanted)):
+        yield KeyInfo.of(held)
+
+
+def list_keys(
+    app: Celery,
+    *,
+    kind: KeyKind | str | None = None,
+    task: str | None = None,
+    match: str | None = None,
+    limit: int | None = None,
+    offset: int = 0,
+) -> list[KeyInfo]:
+    """Held keys of the app's namespace, ordered by storage key.
+
+    ``task`` keeps keys written by that task; ``match`` is a shell-style
+    pattern (``*``, ``?``, ``[...]``) on the display key. ``offset``/``limit``
+    page through the ordered result; with a limit only ``offset + limit`` keys
+    are kept in memory while the store is scanned.
+    """
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ValueError("offset and limit must not be negative")
+    selected: Iterable[KeyInfo] = (
+        info
+        for info in iter_keys(app, kind=kind)
+        if (task is None or info.task == task)
+        and (match is None or fnmatchcase(info.display_key, match))
+    )
+    ordered = (
+        sorted(selected, key=_by_storage_key)
+        if limit is None
+        else heapq.nsmallest(offset + limit, selected, key=_by_storage_key)
+    )
+    return ordered[offset:]
+
+
+def _by_storage_key(info: KeyInfo) -> str:
+    return info.storage_key
+
+
+def candidate_storage_keys(namespace: str, key: str, kind: KeyKind | None = None) -> list[str]:
+    """Every storage key ``key`` may stand for, most literal reading first.
+
+    A storage key stands for itself. Otherwise ``key`` is read as a bare key
+    shared across tasks and as ``<task name>:<key>`` split at each ``:`` (task
+    names may contain ``:`` themselves), for each kind.
+    """
+    if key.startswith(keyspace.PREFIX):
+        if keyspace.SEPARATOR not in key:
+            key = key.replace(ESCAPED_SEPARATOR, keyspace.SEPARATOR, 1)
+        return [key]
+    splits = [("", key)] + [
+        (key[:at], key[at + 1 :])
+        for at, char in enumerate(key)
+        if char == ":" and 0 < at < len(key) - 1
+    ]
+    kinds = [kind] if kind is not None else [KeyKind.ACTIVE, KeyKind.WINDOW]
+    return [
+        keyspace.storage_key(namespace, _KIND_CHARS[each], scope, rest)
+        for each in kinds
+        for scope, rest in splits
+    ]
+
+
+def show(app: Celery, key: str, *, kind: KeyKind | str | None = None) -> list[KeyInfo]:
+    """Every held key that ``key`` may name (see :func:`candidate_storage_keys`)."""
+    store = runtime(app).store
+    found: list[KeyInfo] = []
+    for stored in candidate_storage_keys(runtime(app).namespace, key, parse_kind(kind)):
+        held = store.get(stored)
+        if held is not None:
+            found.append(KeyInfo.of(held))
+    return found
+
+
+def resolve(
+    app: Celery, key: str, *, kind: KeyKind | str | None = None, job_id: str | None = None
+) -> KeyInfo | None:
+    """The one held key ``key`` names (held by ``job_id`` when given); ``None`` if none.
+
+    Raises :class:`AmbiguousKey` when it names several.
+    """
+    matches = [info for info in show(app, key, kind=kind) if job_id in (None, info.job_id)]
+    if len(matches) > 1:
+        raise AmbiguousKey(key, matches)
+    return matches[0] if matches else None
+
+
+def release(
+    app: Celery, key: str, *, job_id: str | None = None, kind: KeyKind | str | None = None
+) -> bool:
+    """Forget a held key now; return whether it was there to forget.
+
+    The delete is a compare-and-delete on the holder read just before, so a
+    key that changed hands in between is left alone; with ``job_id`` the key
+    is only forgotten while that job holds it. Raises :class:`AmbiguousKey`
+    when ``key`` names several held keys (pass ``kind`` or the storage key).
+    """
+    info = resolve(app, key, kind=kind, job_id=job_id)
+    if info is None:
+        return False
+    released = runtime(app).store.delete(info.storage_key, job_id=job_id or info.job_id)
+    if released:
+        emit_released(
+            app, info.job_id, info.storage_key, task_name=info.task, reason=ReleaseReason.OPERATOR
+        )
+    return released
+
+
+#: States in which a job can no longer run: its keys are orphans if still held.
+FINAL_STATES = states.READY_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class Orphan:
+    """A key still held for a job that has ended."""
+
+    key: KeyInfo
+    #: The job's state in the result backend.
+    state: str
+    #: How long the release keeps the key (``exists``): ms, or ``None`` for ever.
+    keep_ms: int | None
+
+
+@dataclass(slots=True)
+class ReapReport:
+    """What :func:`reap` looked at and did."""
+
+    applied: bool
+    #: Unfinished active keys looked at.
+    checked: int = 0
+    orphans: list[Orphan] = field(default_factory=list)
+    #: Orphans actually released (only with ``apply=True``; a key taken over
+    #: by another job in the meantime is left alone).
+    released: list[Orphan] = field(default_factory=list)
+    #: Jobs found alive or unknown to the result backend, per state.
+    kept: Counter[str] = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        def orphan(item: Orphan) -> dict[str, Any]:
+            return {**item.key.as_dict(), "state": item.state, "keep_ms": item.keep_ms}
+
+        return {
+            "applied": self.applied,
+            "checked": self.checked,
+            "orphans": [orphan(item) for item in self.orphans],
+            "released": [orphan(item) for item in self.released],
+            "kept": dict(self.kept),
+        }
+
+
+def job_state(app: Celery, job_id: str) -> str:
+    """The job's state in the result backend (``PENDING`` when it knows nothing)."""
+    return str(app.AsyncResult(job_id).state)
+
+
+def _check_result_backend(app: Celery) -> None:
+    from celery.backends.base import DisabledBackend
+
+    if isinstance(app.backend, DisabledBackend):
+        raise ImproperlyConfigured(
+            "reaping needs a result backend (result_backend) to prove a job has ended; "
+            "without one, keys of lost jobs are freed by their lease (unique_lease)"
+        )
+
+
+def retention_ms(app: Celery, info: KeyInfo) -> int | None:
+    """How long an ``exists`` key outlives its job: the task's declaration, else result_expires.
+
+    (The job's message header carries the exact value; a reaper does not have it.)
+    """
+    task = app.tasks.get(info.task)
+    declaration = getattr(task, "__unique__", None)
+    declared: int | None = getattr(declaration, "retention_ms", None)
+    return declared if declared is not None else runtime(app).default_retention_ms
+
+
+def reap(app: Celery, *, apply: bool = False) -> ReapReport:
+    """Find (and with ``apply`` release) active keys whose job has ended.
+
+    A key is an orphan when it is an unfinished active-type key and its job's
+    state in the result backend is final (success, failure, revoked,
+    rejected). Jobs that may still run (``PENDING``, ``RECEIVED``,
+    ``STARTED``, ``RETRY``) keep their keys: a job the result backend has
+    never heard of (or forgotten) is left to its lease. Releases are
+    compare-and-delete on the job id and keep ``exists`` keys for their
+    retention, exactly as the worker would have.
+    """
+    _check_result_backend(app)
+    store = runtime(app).store
+    report = ReapReport(applied=apply)
+    for info in iter_keys(app, kind=KeyKind.ACTIVE):
+        if info.finished:
+            continue
+        report.checked += 1
+        state = job_state(app, info.job_id)
+        if state not in FINAL_STATES:
+            report.kept[state] += 1
+            continue
+        keep = retention_ms(app, info) if info.scope is Scope.EXISTS else 0
+        orphan = Orphan(key=info, state=state, keep_ms=keep)
+        report.orphans.append(orphan)
+        if apply and store.release(info.job_id, info.storage_key, keep_ms=keep):
+            report.released.append(orphan)
+            emit_released(
+                app,
+                info.job_id,
+                info.storage_key,
+                task_name=info.task,
+                reason=ReleaseReason.REAPED,
+                kept=keep != 0,
+            )
+    return report
+
+
+def stats(app: Celery) -> dict[str, Any]:
+    """Counts of the namespace's keys: per kind, per scope, per task, held vs finished."""
+    kinds: Counter[str] = Counter()
+    scopes: Counter[str] = Counter()
+    holds: Counter[str] = Counter()
+    tasks: dict[str, Counter[str]] = {}
+    for info in iter_keys(app):
+        kinds[info.kind.value] += 1
+        if info.scope is not None:
+            scopes[info.scope.value] += 1
+        holds[info.state] += 1
+        column = info.kind.value if info.kind is KeyKind.WINDOW else info.state
+        tasks.setdefault(info.task, Counter())[column] += 1
+    return {
+        "namespace": runtime(app).namespace,
+        "keys": sum(kinds.values()),
+        "kinds": {kind.value: kinds[kind.value] for kind in KeyKind},
+        "scopes": {scope.value: scopes[scope.value] for scope in Scope},
+        "held": holds["held"],
+        "finished": holds["finished"],
+        "tasks": {
+            name: {column: counts[column] for column in ("held", "finished", "window")}
+            for name, counts in sorted(tasks.items())
+        },
+    }

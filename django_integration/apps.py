@@ -1,0 +1,17 @@
+"""The Django app: ``INSTALLED_APPS = [..., "django_integration"]``."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class CeleryUniqueConfig(AppConfig):
+    name = "django_integration"
+    #: Tables, permissions and migrations live under this label: ``migrate celery_unique``.
+    label = "celery_unique"
+    verbose_name = "Celery unique"
+    # Pinned, so the shipped migrations never depend on the host's DEFAULT_AUTO_FIELD.
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_integration import checks  # noqa: F401  (registers the system checks)

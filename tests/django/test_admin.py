@@ -1,0 +1,215 @@
+"""The admin: held keys of any store, the Django store's table, and the release permission."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.contrib.auth.models import Permission
+from django.test import Client, override_settings
+
+from celery_unique import Disposition
+from celery_unique.config import reset, runtime
+from django_integration.models import UniqueKey
+from tests.django.example.shop.tasks import charge, recalculate_totals
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HELD_KEYS = "/admin/celery_unique/storekey/"
+DATABASE_KEYS = "/admin/celery_unique/uniquekey/"
+TASK = recalculate_totals.name
+
+Login = Callable[..., Client]
+
+
+@pytest.fixture
+def login(django_user_model: Any) -> Login:
+    """A client logged in as a staff user with exactly the given permissions."""
+
+    def login(*codenames: str) -> Client:
+        user = django_user_model.objects.create_user(
+            f"staff-{'-'.join(codenames) or 'none'}", password="pw", is_staff=True
+        )
+        user.user_permissions.set(
+            Permission.objects.filter(
+                content_type__app_label="celery_unique", codename__in=codenames
+            )
+        )
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return login
+
+
+@pytest.fixture
+def keys(example_app: Celery) -> dict[str, str]:
+    """Two active keys and a window key held in the example's Django store: name -> job id."""
+    return {
+        "ada": recalculate_totals.delay("ada").id,
+        "bob": recalculate_totals.delay("bob").id,
+        "charge": charge.delay(order_id=1, amount_cents=5).id,
+    }
+
+
+@pytest.fixture
+def memory_store(example_app: Celery) -> Iterator[None]:
+    """The example app on the in-memory store instead of its database."""
+    with override_settings(CELERY_UNIQUE_BACKEND="memory://"):
+        reset(example_app)
+        yield
+    reset(example_app)
+
+
+def held_jobs(app: Celery) -> set[str]:
+    return {held.job_id for held in runtime(app).store.scan()}
+
+
+def token(key: str, job_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([key, job_id]).encode()).decode()
+
+
+# -- Database keys (the Django store's table) --------------------------------------
+
+
+def test_database_changelist_lists_keys_with_job_kind_and_expiry(
+    admin_client: Client, keys: dict[str, str]
+) -> None:
+    """Each row shows the key as users read it, its kind, job id, task and expiry."""
+    page = admin_client.get(DATABASE_KEYS).content.decode()
+    assert f"{TASK}:customer:ada" in page
+    assert keys["ada"] in page
+    assert keys["charge"] in page
+    assert "window" in page
+    assert "in 29m" in page  # the 30-minute lease, counted on the database's clock
+
+
+def test_database_changelist_search_and_filters(admin_client: Client, keys: dict[str, str]) -> None:
+    """Search finds a job id; filters narrow by kind and by expiry."""
+    found = admin_client.get(DATABASE_KEYS, {"q": keys["bob"]}).content.decode()
+    assert keys["bob"] in found
+    assert keys["ada"] not in found
+    windows = admin_client.get(DATABASE_KEYS, {"kind__exact": "window"}).content.decode()
+    assert keys["charge"] in windows
+    assert keys["ada"] not in windows
+    within_the_hour = admin_client.get(DATABASE_KEYS, {"expires": "hour"}).content.decode()
+    assert all(job in within_the_hour for job in keys.values())
+    within_a_minute = admin_client.get(DATABASE_KEYS, {"expires": "minute"}).content.decode()
+    assert not any(job in within_a_minute for job in keys.values())
+
+
+def test_database_release_action_frees_the_key(
+    login: Login, keys: dict[str, str], example_app: Celery
+) -> None:
+    """With the release permission the action frees the key: the next dispatch creates a job."""
+    client = login("view_uniquekey", "release_key")
+    row = UniqueKey.objects.get(job_id=keys["ada"])
+    response = client.post(
+        DATABASE_KEYS, {"action": "release_keys", "_selected_action": [row.pk]}, follow=True
+    )
+    assert "Released 1 key." in response.content.decode()
+    assert keys["ada"] not in held_jobs(example_app)
+    assert recalculate_totals.delay("ada").disposition is Disposition.CREATED
+
+
+def test_database_release_needs_the_permission(
+    login: Login, keys: dict[str, str], example_app: Celery
+) -> None:
+    """Without the release permission the action is not offered and does nothing."""
+    client = login("view_uniquekey")
+    page = client.get(DATABASE_KEYS).content.decode()
+    assert "release_keys" not in page
+    row = UniqueKey.objects.get(job_id=keys["ada"])
+    client.post(DATABASE_KEYS, {"action": "release_keys", "_selected_action": [row.pk]})
+    assert keys["ada"] in held_jobs(example_app)
+
+
+def test_database_keys_are_read_only(admin_client: Client, keys: dict[str, str]) -> None:
+    """No add, change or delete: keys change only through dispatches and releases."""
+    row = UniqueKey.objects.get(job_id=keys["ada"])
+    assert admin_client.get(f"{DATABASE_KEYS}add/").status_code == 403
+    assert admin_client.get(f"{DATABASE_KEYS}{row.pk}/delete/").status_code == 403
+    detail = admin_client.get(f"{DATABASE_KEYS}{row.pk}/change/").content.decode()
+    assert "Save" not in detail
+
+
+# -- Held keys (any store, through the store contract) -------------------------------
+
+
+def test_held_keys_changelist_reads_the_django_store(
+    admin_client: Client, keys: dict[str, str]
+) -> None:
+    """The store-contract view lists the same keys when the store is the database."""
+    page = admin_client.get(HELD_KEYS).content.decode()
+    assert all(job in page for job in keys.values())
+    assert "django://" in page
+
+
+def test_held_keys_changelist_reads_any_store(
+    admin_client: Client, memory_store: None, example_app: Celery
+) -> None:
+    """On the memory store (no table at all) the same view lists, searches and filters keys."""
+    ada = recalculate_totals.delay("ada").id
+    order = charge.delay(order_id=2, amount_cents=5).id
+    assert not UniqueKey.objects.exists()
+    page = admin_client.get(HELD_KEYS).content.decode()
+    assert ada in page
+    assert order in page
+    assert "memory://" in page
+    searched = admin_client.get(HELD_KEYS, {"q": "customer:ada"}).content.decode()
+    assert (ada in searched, order in searched) == (True, False)
+    windows = admin_client.get(HELD_KEYS, {"kind": "window"}).content.decode()
+    assert (ada in windows, order in windows) == (False, True)
+    by_task = admin_client.get(HELD_KEYS, {"task": charge.name}).content.decode()
+    assert (ada in by_task, order in by_task) == (False, True)
+
+
+def test_held_keys_release(login: Login, memory_store: None, example_app: Celery) -> None:
+    """The release action frees the selected key of a non-Django store."""
+    client = login("view_storekey", "release_key")
+    job = recalculate_totals.delay("ada").id
+    (held,) = runtime(example_app).store.scan()
+    response = client.post(
+        HELD_KEYS, {"action": "release", "selected": [token(held.key, job)]}, follow=True
+    )
+    assert "Released 1 key." in response.content.decode()
+    assert held_jobs(example_app) == set()
+
+
+def test_held_keys_release_leaves_a_key_another_job_took(
+    login: Login, memory_store: None, example_app: Celery
+) -> None:
+    """A selection made for a job that no longer holds the key releases nothing."""
+    client = login("view_storekey", "release_key")
+    job = recalculate_totals.delay("ada").id
+    (held,) = runtime(example_app).store.scan()
+    response = client.post(
+        HELD_KEYS, {"action": "release", "selected": [token(held.key, "another-job")]}, follow=True
+    )
+    assert "Released 0 keys." in response.content.decode()
+    assert held_jobs(example_app) == {job}
+
+
+def test_held_keys_release_is_denied_without_the_permission(
+    login: Login, keys: dict[str, str], example_app: Celery
+) -> None:
+    """Viewing is not releasing: the action is not shown and a forged POST gets 403."""
+    client = login("view_storekey")
+    assert 'value="release"' not in client.get(HELD_KEYS).content.decode()
+    (held,) = [h for h in runtime(example_app).store.scan() if h.job_id == keys["ada"]]
+    response = client.post(
+        HELD_KEYS, {"action": "release", "selected": [token(held.key, keys["ada"])]}
+    )
+    assert response.status_code == 403
+    assert keys["ada"] in held_jobs(example_app)
+
+
+def test_changelists_need_the_view_permission(login: Login) -> None:
+    """A staff user without view permission sees neither list."""
+    client = login()
+    assert client.get(HELD_KEYS).status_code == 403
+    assert client.get(DATABASE_KEYS).status_code == 403

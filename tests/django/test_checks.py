@@ -1,0 +1,131 @@
+"""System checks: each misconfiguration has its id; only --deploy connects to the store."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from celery import Celery
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from celery_unique import config
+from django_integration import checks
+from django_integration.conf import celery_app
+
+UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
+
+
+class NoUniqueTables:
+    """A database router that keeps celery-unique's table off every database."""
+
+    def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+        return False if app_label == "celery_unique" else None
+
+
+@pytest.fixture(autouse=True)
+def fresh_runtime() -> Iterator[None]:
+    """Every test reads the settings anew and leaves no store open."""
+    config.reset(celery_app())
+    yield
+    config.reset(celery_app())
+
+
+def ids(**settings: Any) -> list[str]:
+    with override_settings(**settings):
+        return [message.id for message in checks.check_settings()]
+
+
+def test_the_example_project_passes() -> None:
+    """A correctly configured project gets no message."""
+    assert ids() == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({"CELERY_UNIQUE_BACKEND": "mongodb://localhost"}, "celery_unique.E001"),
+        ({"CELERY_UNIQUE_BACKEND": 42}, "celery_unique.E001"),
+        ({"CELERY_UNIQUE_BACKEND": "django://reporting"}, "celery_unique.E002"),
+        ({"CELERY_UNIQUE_FAIL_OPEN": "false"}, "celery_unique.E005"),
+        ({"CELERY_UNIQUE_LEASE": "1h"}, "celery_unique.E006"),
+        ({"CELERY_UNIQUE_LEASE": -5}, "celery_unique.E006"),
+        ({"CELERY_UNIQUE_NAMESPACE": "shop}eu"}, "celery_unique.E007"),
+        ({"CELERY_UNIQUE_NAMESPACE": ""}, "celery_unique.E007"),
+        ({"CELERY_UNIQUE_APP": "no.such.module:app"}, "celery_unique.E008"),
+        ({"CELERY_UNIQUE_APP": "django.conf:settings"}, "celery_unique.E008"),
+        ({"DATABASE_ROUTERS": [f"{__name__}.NoUniqueTables"]}, "celery_unique.E011"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_each_misconfiguration_has_its_check(settings: dict[str, Any], expected: str) -> None:
+    """Each wrong setting is reported under its own id, and only that one."""
+    assert ids(**settings) == [expected]
+
+
+def test_django_store_without_the_app_installed() -> None:
+    """``django://`` with django_integration missing from INSTALLED_APPS is an error naming it."""
+    from django.conf import settings
+
+    apps = [app for app in settings.INSTALLED_APPS if app != "django_integration"]
+    with override_settings(INSTALLED_APPS=apps):
+        messages = checks.check_settings()
+    assert [m.id for m in messages] == ["celery_unique.E003"]
+    assert "INSTALLED_APPS" in messages[0].msg
+
+
+def test_missing_client_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A redis:// store without redis-py installed names the extra to install."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with override_settings(CELERY_UNIQUE_BACKEND="redis://localhost:6379/0"):
+        messages = checks.check_settings()
+    assert [m.id for m in messages] == ["celery_unique.E009"]
+    assert "celery-unique[redis]" in str(messages[0].hint)
+
+
+def test_settings_the_app_does_not_read_are_reported() -> None:
+    """CELERY_UNIQUE_* in settings.py but an app not configured from them: W001 (and W002)."""
+    bare = Celery("bare", broker="memory://", set_as_current=False)
+    assert ids(CELERY_UNIQUE_APP=bare) == ["celery_unique.W001", "celery_unique.W002"]
+
+
+def test_manage_py_check_fails_with_an_actionable_message() -> None:
+    """``manage.py check`` stops on an error, saying what is wrong and how to fix it."""
+    with (
+        override_settings(CELERY_UNIQUE_BACKEND="django://reporting"),
+        pytest.raises(SystemCheckError) as failed,
+    ):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    text = str(failed.value)
+    assert "celery_unique.E002" in text
+    assert "'reporting'" in text
+    assert "DATABASES" in text
+
+
+def test_plain_check_does_not_connect_to_the_store() -> None:
+    """An unreachable Redis store passes ``manage.py check``: it is never contacted."""
+    out = StringIO()
+    with override_settings(CELERY_UNIQUE_BACKEND=UNREACHABLE_REDIS):
+        call_command("check", "--tag", checks.TAG, stdout=out)
+    assert "no issues" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("fail_open", "expected"), [(False, "celery_unique.E012"), (True, "celery_unique.W012")]
+)
+def test_deploy_check_pings_the_store(fail_open: bool, expected: str) -> None:
+    """``check --deploy`` reaches the store: unreachable is an error when failing closed."""
+    with override_settings(
+        CELERY_UNIQUE_BACKEND=UNREACHABLE_REDIS, CELERY_UNIQUE_FAIL_OPEN=fail_open
+    ):
+        assert [m.id for m in checks.check_store_reachable()] == [expected]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deploy_check_passes_on_a_reachable_store() -> None:
+    """The example's Django store answers the deploy check's ping."""
+    assert checks.check_store_reachable() == []

@@ -1,0 +1,318 @@
+"""A dispatch with an invalid key fails before the store or the broker is touched.
+
+The proof, on a real Redis store and a real Redis broker:
+
+* **Store**: the app reaches its store (Redis db 9) through a small TCP proxy
+  that records every command sent through it. Redis's own counters (``INFO
+  commandstats``) cannot prove anything here: they count every client of the
+  server, and the broker (db 10 of the same server), the test's own checks and
+  any other test run sharing the server all bump them. The proxy sees the
+  store's connections and nothing else, so "no command went through it" is
+  exact. A valid dispatch before (to open the store's connection, so the
+  invalid ones would reuse it) and one after (which must show up as a script
+  call) prove the proxy really is on the store's path.
+* **Broker**: the app publishes to a queue of its own that no worker
+  consumes, so its Redis list holds exactly what was published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_unique import (
+    Disposition,
+    InvalidKey,
+    KeySelectorFailed,
+    UniquenessError,
+    UniquenessRequired,
+    UniqueTask,
+)
+from celery_unique import config as unique_config
+from tests.conftest import HOST, REDIS_TEST_DB, redis_celery_config, service_port
+
+from .test_races import queue_lists, queued_messages
+
+pytestmark = pytest.mark.redis
+
+WINDOW_S = 60
+
+BAD_KEYS = [
+    pytest.param("", id="empty"),
+    pytest.param("x" * 513, id="513-ascii-bytes"),
+    pytest.param("é" * 256 + "x", id="513-utf8-bytes-257-chars"),
+    pytest.param("a\x00b", id="nul"),
+    pytest.param("line\nbreak", id="newline"),
+    pytest.param("del\x7f", id="del"),
+    pytest.param("next\x85line", id="c1-control"),
+    pytest.param("lone\ud800", id="lone-surrogate"),
+    pytest.param(42, id="int"),
+    pytest.param(b"key", id="bytes"),
+]
+
+
+class CommandTap:
+    """A TCP proxy in front of Redis that records the name of every command sent through it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.commands: list[str] = []
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._listener = socket.create_server((HOST, 0))
+        self.port: int = self._listener.getsockname()[1]
+        self._spawn(self._accept)
+
+    def url(self, db: int) -> str:
+        return f"redis://{HOST}:{self.port}/{db}"
+
+    def seen(self) -> list[str]:
+        with self._lock:
+            return list(self.commands)
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            server = socket.create_connection(self.upstream)
+            with self._lock:
+                self._sockets += [client, server]
+            self._spawn(self._pump, client, server, _RespCommands(self._record))
+            self._spawn(self._pump, server, client, None)
+
+    def _record(self, name: str) -> None:
+        with self._lock:
+            self.commands.append(name)
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket, parser: _RespCommands | None) -> None:
+        try:
+            while data := source.recv(65536):
+                if parser is not None:
+                    parser.feed(data)
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                target.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        # shutdown() wakes the threads blocked in accept()/recv(); close() alone would not.
+        with self._lock:
+            sockets = [self._listener, *self._sockets]
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for sock in sockets:
+            sock.close()
+
+
+class _RespCommands:
+    """Splits a client's RESP byte stream into commands and reports each command's name."""
+
+    def __init__(self, report: Callable[[str], None]) -> None:
+        self._report = report
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while (parts := self._next()) is not None:
+            self._report(parts[0].decode(errors="replace").upper() if parts else "")
+
+    def _next(self) -> list[bytes] | None:
+        buffer = self._buffer
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            return None
+        if not buffer.startswith(b"*"):  # an inline command
+            self._buffer = buffer[end + 2 :]
+            return buffer[:end].split()
+        position, parts = end + 2, []
+        for _ in range(int(buffer[1:end])):
+            end = buffer.find(b"\r\n", position)
+            if end < 0:
+                return None
+            start = end + 2
+            stop = start + int(buffer[position + 1 : end])
+            if len(buffer) < stop + 2:
+                return None
+            parts.append(buffer[start:stop])
+            position = stop + 2
+        self._buffer = buffer[position:]
+        return parts
+
+
+@pytest.fixture
+def tap(redis_url: str) -> Iterator[CommandTap]:
+    """A command-recording proxy in front of the Redis server that holds the store."""
+    proxy = CommandTap(HOST, service_port("redis"))
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def broker(celery_redis_url: str) -> Iterator[Any]:
+    """A client on the broker's Redis database."""
+    client = redis.Redis.from_url(celery_redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app(tap: CommandTap, broker: Any) -> Iterator[Celery]:
+    """An app whose store is reached through ``tap`` and whose queue no worker consumes."""
+    settings = redis_celery_config()
+    del settings["result_backend"]  # a created job would subscribe to its result channel
+    app = Celery("untouched", set_as_current=False)
+    app.conf.update(
+        settings,
+        unique_backend=tap.url(REDIS_TEST_DB),
+        unique_namespace=f"untouched-{uuid.uuid4().hex}",
+        task_ignore_result=True,
+    )
+    app.finalize()
+    yield app
+    unique_config.reset(app)
+    app.close()
+    queue = settings["task_default_queue"]
+    broker.delete(*queue_lists(queue), f"_kombu.binding.{queue}")
+
+
+def define_tasks(app: Celery) -> dict[str, Any]:
+    """A task without keys, and tasks that take their active or window key from a selector."""
+
+    @app.task(shared=False, base=UniqueTask, name="untouched.given")
+    def given(key: Any = None) -> None:
+        return None
+
+    @app.task(
+        shared=False, base=UniqueTask, name="untouched.selected", unique_key=lambda job: job.key
+    )
+    def selected(key: Any) -> None:
+        return None
+
+    @app.task(
+        shared=False,
+        base=UniqueTask,
+        name="untouched.windowed",
+        unique_window_key=lambda job: job.key,
+        unique_window=WINDOW_S,
+    )
+    def windowed(key: Any) -> None:
+        return None
+
+    return {"given": given, "selected": selected, "windowed": windowed}
+
+
+#: One way of handing a key to a dispatch: ``(tasks, key) -> AsyncResult``.
+WAYS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
+    "active-key-given": lambda t, key: t["given"].apply_async(unique_key=key),
+    "window-key-given": lambda t, key: t["given"].apply_async(
+        unique_window_key=key, unique_window=WINDOW_S
+    ),
+    "active-key-in-signature": lambda t, key: t["given"].s().set(unique_key=key).apply_async(),
+    "active-key-from-selector": lambda t, key: t["selected"].delay(key),
+    "window-key-from-selector": lambda t, key: t["windowed"].delay(key=key),
+}
+
+
+class Untouched:
+    """Checks that the store saw no command and the broker got no message in between."""
+
+    def __init__(self, app: Celery, tap: CommandTap, broker: Any) -> None:
+        self.tap, self.broker = tap, broker
+        self.queue: str = app.conf.task_default_queue
+
+    def __enter__(self) -> Untouched:
+        self.commands = self.tap.seen()
+        self.messages = queued_messages(self.broker, self.queue)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self.tap.seen() == self.commands, "the store was sent commands"
+        assert queued_messages(self.broker, self.queue) == self.messages, "a message was published"
+
+
+def dispatch_checked(
+    way: str, app: Celery, tap: CommandTap, broker: Any, key: Any
+) -> UniquenessError:
+    """Dispatch ``key`` the given way between two valid dispatches; the error it raised.
+
+    The valid dispatch before opens the store's connection; the one after must
+    reach the store and the broker, proving both are watched on the right path.
+    """
+    tasks = define_tasks(app)
+    send = WAYS[way]
+    assert send(tasks, f"warm-up-{way}").disposition is Disposition.CREATED
+    with Untouched(app, tap, broker), pytest.raises(UniquenessError) as caught:
+        send(tasks, key)
+    before = len(tap.seen())
+    assert send(tasks, f"control-{way}").disposition is Disposition.CREATED
+    assert "EVALSHA" in tap.seen()[before:]
+    assert len(queued_messages(broker, app.conf.task_default_queue)) == 2
+    return caught.value
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("bad", BAD_KEYS)
+def test_invalid_key_touches_neither_store_nor_broker(
+    way: str, bad: Any, app: Celery, tap: CommandTap, broker: Any
+) -> None:
+    """An invalid key, given or selected: invalid_key, no store command, nothing published."""
+    error = dispatch_checked(way, app, tap, broker, bad)
+    assert isinstance(error, InvalidKey)
+    assert error.code == "invalid_key"
+    assert error.key == bad
+
+
+@pytest.mark.parametrize("way", ["active-key-given", "active-key-from-selector"])
+def test_longest_valid_key_reaches_the_store(
+    way: str, app: Celery, tap: CommandTap, broker: Any
+) -> None:
+    """A key of exactly 512 bytes (as UTF-8) is valid: it is decided and published."""
+    tasks = define_tasks(app)
+    for key in ("k" * 512, "é" * 256):
+        before = len(tap.seen())
+        assert WAYS[way](tasks, key).disposition is Disposition.CREATED
+        assert "EVALSHA" in tap.seen()[before:]
+    assert len(queued_messages(broker, app.conf.task_default_queue)) == 2
+
+
+def test_failing_selectors_and_unbound_arguments_touch_nothing(
+    app: Celery, tap: CommandTap, broker: Any
+) -> None:
+    """A selector returning None or raising, or arguments that do not bind, touch nothing."""
+    tasks = define_tasks(app)
+
+    @app.task(shared=False, base=UniqueTask, name="untouched.broken", unique_key=lambda job: 1 / 0)
+    def broken() -> None:
+        return None
+
+    assert tasks["selected"].delay("warm-up").disposition is Disposition.CREATED
+    with Untouched(app, tap, broker):
+        with pytest.raises(UniquenessRequired):
+            tasks["selected"].delay(None)
+        with pytest.raises(KeySelectorFailed) as caught:
+            broken.delay()
+        assert isinstance(caught.value.__cause__, ZeroDivisionError)
+        with pytest.raises(TypeError):
+            tasks["selected"].delay("k", "one too many")

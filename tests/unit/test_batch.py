@@ -1,0 +1,118 @@
+"""dispatch_many on the memory store: order, all-or-nothing, continue_on_conflict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_unique import (
+    Disposition,
+    DuplicateMatch,
+    InvalidKey,
+    UniquenessConflict,
+    UniqueTask,
+    UnsupportedCombination,
+    dispatch_many,
+)
+from celery_unique.testing import held_keys
+
+
+@pytest.fixture
+def job(app: Celery) -> Any:
+    """A task keyed by its argument, with a one-hour window keyed by a request id."""
+
+    @app.task(shared=False, base=UniqueTask, unique_key=lambda job: f"k:{job.x}")
+    def job(x: int, note: str = "") -> None:
+        return None
+
+    return job
+
+
+def test_items_behave_as_sequential_dispatches(app: Celery, job: Any, published: list[Any]) -> None:
+    """A later item matching an earlier one reuses the earlier item's new job."""
+    results = dispatch_many([job.s(1), job.s(2), job.s(1), job.s(x=2)])
+    assert [r.disposition for r in results] == [
+        Disposition.CREATED,
+        Disposition.CREATED,
+        Disposition.REUSED,
+        Disposition.REUSED,
+    ]
+    assert results[2].id == results[0].id
+    assert results[3].id == results[1].id
+    assert results[3].duplicate_match is DuplicateMatch.ACTIVE
+    assert len(published) == 2
+
+
+def test_invalid_item_fails_the_batch_before_anything_is_written(
+    app: Celery, job: Any, published: list[Any]
+) -> None:
+    """Bad input anywhere raises with the item's index; nothing written or published."""
+    with pytest.raises(InvalidKey) as caught:
+        dispatch_many([job.s(1), job.s(2).set(unique_key=""), job.s(3)])
+    assert caught.value.index == 1
+    assert held_keys(app) == []
+    assert published == []
+
+
+def test_conflict_fails_the_whole_batch(app: Celery, published: list[Any]) -> None:
+    """A window conflict in one item means no item is written or published."""
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_window_key=lambda job: job.rid, unique_window=60
+    )
+    def order(rid: str, amount: int) -> None:
+        return None
+
+    first = order.delay("r1", 10)
+    published.clear()
+    with pytest.raises(UniquenessConflict) as caught:
+        dispatch_many([order.s("r2", 5), order.s("r1", 99)])
+    assert caught.value.index == 1
+    assert caught.value.conflicting_job_id == first.id
+    assert [k.job_id for k in held_keys(app)] == [first.id]
+    assert published == []
+
+
+def test_continue_on_conflict_keeps_errors_in_their_slots(
+    app: Celery, job: Any, published: list[Any]
+) -> None:
+    """With continue_on_conflict a failed item's slot holds its error; the rest proceed."""
+    results = dispatch_many(
+        [job.s(1), job.s(2).set(unique_key="x\x00"), job.s(3)], continue_on_conflict=True
+    )
+    assert results[0].disposition is Disposition.CREATED
+    assert isinstance(results[1], InvalidKey)
+    assert results[1].index == 1
+    assert results[2].disposition is Disposition.CREATED
+    assert len(published) == 2
+
+
+def test_plain_tasks_ride_along_but_refuse_uniqueness_options(app: Celery) -> None:
+    """Plain tasks publish as usual in a batch; giving them uniqueness options is refused."""
+
+    @app.task(shared=False)
+    def plain(x: int) -> None:
+        return None
+
+    assert dispatch_many([plain.s(1)])[0].disposition is Disposition.CREATED
+    with pytest.raises(UnsupportedCombination):
+        dispatch_many([plain.s(1).set(unique_key="k")])
+
+
+def test_batch_uses_one_store_round_trip(app: Celery, job: Any) -> None:
+    """The whole batch's decisions are one call to the store."""
+    from celery_unique.config import runtime
+
+    store = runtime(app).store
+    calls: list[int] = []
+    original = store.decide
+
+    def counting(claims: Any, **kwargs: Any) -> Any:
+        calls.append(len(claims))
+        return original(claims, **kwargs)
+
+    store.decide = counting  # type: ignore[method-assign]
+    dispatch_many([job.s(i) for i in range(100)])
+    assert calls == [100]

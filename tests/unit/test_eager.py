@@ -1,0 +1,90 @@
+"""Eager mode and .apply(): the same semantics as a real dispatch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_unique import Disposition, DuplicateMatch, UniquenessConflict, UniqueTask
+from celery_unique.testing import held_keys, unique_store
+
+
+def test_eager_dispatch_runs_and_releases(app: Celery) -> None:
+    """An eager job runs at once, and its queued/active key is free when delay() returns."""
+    runs: list[int] = []
+
+    @app.task(shared=False, base=UniqueTask, unique_key="k", unique_while="active")
+    def job(x: int) -> int:
+        runs.append(x)
+        return x
+
+    with unique_store(app, eager=True):
+        first = job.delay(1)
+        assert first.get() == 1
+        assert first.disposition is Disposition.CREATED
+        assert held_keys(app) == []
+        assert job.delay(2).id != first.id
+    assert runs == [1, 2]
+
+
+def test_eager_job_dispatching_its_own_key_is_deduplicated(app: Celery) -> None:
+    """Inside a running eager job, a dispatch of another job with its key reuses it."""
+    inner: list[Any] = []
+
+    @app.task(shared=False, base=UniqueTask, unique_key="k", unique_while="active")
+    def outer() -> None:
+        inner.append(other.delay())
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_key="k", unique_while="active", unique_prefix=False
+    )
+    def other() -> None:
+        return None
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_key="k", unique_while="active", unique_prefix=False
+    )
+    def holder() -> None:
+        inner.append(other.delay())
+
+    with unique_store(app, eager=True):
+        outer.delay()
+        held = holder.delay()
+    assert inner[0].disposition is Disposition.CREATED
+    assert (inner[1].disposition, inner[1].id) == (Disposition.REUSED, held.id)
+
+
+def test_apply_checks_uniqueness_too(app: Celery) -> None:
+    """Calling .apply() directly goes through the same decision as a dispatch."""
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_key="k", unique_while="exists", unique_retention=60
+    )
+    def job() -> str:
+        return "ran"
+
+    with unique_store(app):
+        first = job.apply()
+        again = job.apply()
+    assert first.get() == "ran"
+    assert (again.disposition, again.duplicate_match, again.id) == (
+        Disposition.REUSED,
+        DuplicateMatch.ACTIVE,
+        first.id,
+    )
+
+
+def test_eager_window_conflict(app: Celery) -> None:
+    """Window keys behave in eager mode as they do on a worker."""
+
+    @app.task(shared=False, base=UniqueTask, unique_window_key=lambda j: j.rid, unique_window=60)
+    def order(rid: str, amount: int) -> int:
+        return amount
+
+    with unique_store(app, eager=True):
+        first = order.delay("r1", 5)
+        assert order.delay("r1", 5).id == first.id
+        with pytest.raises(UniquenessConflict):
+            order.delay("r1", 6)
