@@ -287,6 +287,17 @@ def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
     return None
 
 
+def _extend_lease(app: Celery, job_id: str, header: KeyHeader, options: Mapping[str, Any]) -> None:
+    """A retry's countdown is waiting time its key's lease must cover."""
+    key, rt = header.get("a"), runtime(app)
+    if not key or rt.lease_ms is None:
+        return
+    try:
+        rt.store.renew_many([(job_id, key)], rt.lease_ms + _wait_ms(options))
+    except Exception:
+        logger.warning("could not extend the lease of %r for a retry", key, exc_info=True)
+
+
 def with_header(options: dict[str, Any], header: KeyHeader) -> dict[str, Any]:
     headers = dict(options.get("headers") or {})
     headers[HEADER] = header
@@ -452,6 +463,8 @@ def apply_unique(
     if resent is not None:
         # retry() or replace(): the same job again, never a duplicate of itself.
         header = read_header(resent.request)
+        if header is not None and task_id is not None:
+            _extend_lease(app, task_id, header, options)
         return stamp(publish(task_id, header))
     if not (overrides or declaration.declares_keys):
         return stamp(publish(task_id))

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_unique import lifecycle, send_task
+from celery_unique import leases, lifecycle, send_task
 
 
 def install(app: Celery) -> None:
-    """Connect the lifecycle signal handlers and guard ``app.send_task`` (idempotent)."""
+    """Connect the lifecycle and lease signal handlers, guard ``app.send_task`` (idempotent)."""
     lifecycle.connect()
+    leases.connect()
     send_task.connect()
     send_task.guard(app)

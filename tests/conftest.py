@@ -78,6 +78,8 @@ import gc
 import itertools
 import os
 import socket
+import threading
+import time
 import warnings
 from collections.abc import Generator, Iterator, Mapping
 from typing import Any
@@ -161,21 +163,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Check the services a test is marked with before any of its fixtures runs.
 
-    Also clear what a worker that failed to stop in time leaves in process
-    globals: Celery's stop flag (left set, every later in-thread worker exits
-    at once while ``start_worker`` waits for it forever) and kombu's current
-    event loop (a new worker would share the old one's hub and hang).
+    Also recover from a worker that failed to stop in time (see
+    ``_reap_stuck_workers``) before the next worker starts.
     """
     for name in _DEFAULT_PORTS:
         if item.get_closest_marker(name) is not None:
             require_service(name)
     if not _WORKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
-        from celery.worker import state
-        from kombu.asynchronous import set_event_loop
+        _reap_stuck_workers()
 
-        state.should_stop = None
-        state.should_terminate = None
-        set_event_loop(None)
+
+def _reap_stuck_workers(timeout: float = 30.0) -> None:
+    """Wait for in-thread workers told to stop; then clear the process globals they leave.
+
+    When a worker thread outlives ``shutdown_timeout``, Celery's test helper
+    raises but leaves its stop flag set (every later worker would exit at
+    once while ``start_worker`` waits for it forever) and the stuck worker
+    still owns kombu's current event loop and the pidbox queue of this
+    process's node name (a new worker would hang or be refused).
+    """
+    from celery.worker import WorkController, state
+    from kombu.asynchronous import set_event_loop
+
+    if state.should_terminate is None and state.should_stop is None:
+        return
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        target = getattr(thread, "_target", None)
+        if isinstance(getattr(target, "__self__", None), WorkController):
+            thread.join(max(0.0, deadline - time.monotonic()))
+    state.should_stop = None
+    state.should_terminate = None
+    set_event_loop(None)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -165,6 +165,14 @@ class Store(ABC):
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         """Push the lease of unfinished active keys held by ``job_id``; return how many."""
 
+    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
+        """Renew many ``(job_id, key)`` holds at once; return how many were pushed.
+
+        Stores override this to do it in one round trip: a worker renews every
+        job it holds with one call.
+        """
+        return sum(self.renew(job_id, [key], lease_ms) for job_id, key in holds)
+
     @abstractmethod
     def get(self, key: str) -> HeldKey | None:
         """The key as held now, or ``None``; writes nothing."""

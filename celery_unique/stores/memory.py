@@ -48,9 +48,13 @@ class MemoryStore(Store):
                 self._change(key, _records.rolling_back(claim, key))
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
+        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+
+    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
         with self._lock:
-            change = _records.renewing(job_id, lease_ms)
-            return sum(self._change(key, change) for key in keys)
+            return sum(
+                self._change(key, _records.renewing(job_id, lease_ms)) for job_id, key in holds
+            )
 
     def get(self, key: str) -> HeldKey | None:
         now = _now()

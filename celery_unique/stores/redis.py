@@ -122,9 +122,13 @@ class RedisStore(Store):
         self._call("rollback", keys, [claim.job_id, claim.handoff_from or "", has_active])
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        if not keys:
+        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+
+    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
+        if not holds:
             return 0
-        return int(self._call("renew", keys, [job_id, lease_ms]))
+        keys = [key for _, key in holds]
+        return int(self._call("renew", keys, [lease_ms, *(job_id for job_id, _ in holds)]))
 
     def get(self, key: str) -> HeldKey | None:
         try:

@@ -199,8 +199,10 @@ class SQLiteStore(Store):
         )
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        change = _records.renewing(job_id, lease_ms)
-        return self._change([(key, change) for key in keys])
+        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+
+    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
+        return self._change([(key, _records.renewing(job_id, lease_ms)) for job_id, key in holds])
 
     def get(self, key: str) -> HeldKey | None:
         with self._transaction() as conn:

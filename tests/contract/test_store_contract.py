@@ -341,3 +341,13 @@ def test_keys_are_opaque(store: Store) -> None:
     assert held is not None
     assert held.job_id == "j1"
     assert [h.key for h in store.scan(prefix="unique:v1:{ns}:a:t\x1f")] == [odd]
+
+
+def test_renew_many_renews_each_hold_for_its_own_job(store: Store) -> None:
+    """One batch renewal pushes every listed hold and skips holds of other jobs."""
+    decide(store, active("j1", lease=200))
+    decide(store, active("j2", key=B, lease=200))
+    assert store.renew_many([("j1", A), ("j2", B), ("j9", A)], 5_000) == 2
+    time.sleep(0.3)
+    assert decide(store, active("x")).job_id == "j1"
+    assert decide(store, active("y", key=B)).job_id == "j2"
