@@ -468,7 +468,7 @@ def print_report(report: dict[str, Any]) -> None:
         f"json.dumps+sha256 {h['baseline_ms']:.1f} ms ({h['ratio']:.2f}x)"
     )
     print()
-    print("section 16 targets")
+    print("targets")
     for target, measured, met in report["targets"]:
         mark = {True: "met", False: "NOT MET", None: "not measured"}[met]
         print(f"  {mark:<13} {target}: {measured}")

@@ -60,7 +60,8 @@ def request_fingerprint(
         "task": task_name,
         "payload": payload,
         "routing": {name: _name(options.get(name)) for name in _ROUTING},
-        "start": {"eta": _when(options.get("eta")), "countdown": options.get("countdown")},
+        # countdown=0 and no countdown both mean "start now".
+        "start": {"eta": _when(options.get("eta")), "countdown": options.get("countdown") or None},
         "keys": dict(keys),
         # Headers and callbacks may hold any serializable value: hash them in
         # the form the broker will carry.

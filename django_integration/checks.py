@@ -182,13 +182,14 @@ def _backend(app: Celery) -> list[CheckMessage]:
 def _django_store(url: str) -> list[CheckMessage]:
     from django.db import router
 
-    from django_integration.models import UniqueKey
     from django_integration.store import alias_of, misconfiguration
 
     alias = alias_of(url)
     problem = misconfiguration(alias)
     if problem is not None:
         return [Error(problem.msg, hint=problem.hint, id=problem.id)]
+    from django_integration.models import UniqueKey
+
     if not router.allow_migrate_model(alias, UniqueKey):
         return [
             Error(

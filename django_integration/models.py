@@ -63,6 +63,11 @@ class DatabaseNowMs(models.Expression):
         return []
 
 
+def alive() -> models.Q:
+    """Rows whose key has not expired, on the database's clock."""
+    return models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=DatabaseNowMs())
+
+
 _KINDS = [(kind.value, kind.value) for kind in KeyKind]
 _SCOPES = [(scope.value, scope.value) for scope in Scope]
 

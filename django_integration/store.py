@@ -52,7 +52,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, Error, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -69,7 +69,11 @@ from celery_unique.stores.base import (
     Store,
     StoreStats,
 )
-from django_integration.models import RECORD_FIELDS, DatabaseNowMs, UniqueKey, key_hash
+
+if TYPE_CHECKING:
+    # Imported where used: defining a model needs Django's app registry, and
+    # from_url() must first be able to say what is missing.
+    from django_integration.models import UniqueKey
 
 logger = logging.getLogger("celery_unique")
 
@@ -79,7 +83,6 @@ APP_NAME = "django_integration"
 VENDORS = ("postgresql", "mysql", "sqlite")
 #: Attempts of one operation: deadlock victims and serialization failures are retried.
 _ATTEMPTS = 8
-_SWEEP_EVERY_S = 30.0
 _SWEEP_LIMIT = 1000
 #: Keys per statement (bound parameters), rows per scan page.
 _SLICE = 500
@@ -148,8 +151,10 @@ def _slices(items: Sequence[T]) -> Iterator[Sequence[T]]:
 class DjangoStore(Store):
     """Keys in the ``celery_unique_key`` table of the Django database ``alias``."""
 
-    def __init__(self, alias: str = DEFAULT_DB_ALIAS) -> None:
+    def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, sweep_every_s: float = 30.0) -> None:
         self.alias = alias
+        #: Expired rows no decision touches are swept at most this often (seconds).
+        self.sweep_every_s = sweep_every_s
         #: The name this store's own connection is known by, in this process's threads.
         self._name = f"celery_unique:{alias}:{next(_instances)}"
         self._local = threading.local()
@@ -232,6 +237,7 @@ class DjangoStore(Store):
         failure: Error | None = None
         for attempt in range(1, _ATTEMPTS + 1):
             db = self._db()
+            before = connections[db].connection
             try:
                 if not atomic:
                     return work(db)
@@ -241,9 +247,10 @@ class DjangoStore(Store):
                 failure = exc
                 if self._conflict(exc) and attempt < _ATTEMPTS:
                     # A deadlock victim or a serialization failure: nothing was written.
+                    logger.debug("Django store: retrying after %s", exc)
                     time.sleep(random.uniform(0, 0.002 * 2**attempt))
                     continue
-                if not reconnected and self._dropped(db):
+                if not reconnected and self._dropped(db, before):
                     reconnected = True  # The server closed our connection: one fresh try.
                     continue
                 break
@@ -260,13 +267,15 @@ class DjangoStore(Store):
             return bool(args) and args[0] in _RETRY_MYSQL_ERRORS
         return False
 
-    def _dropped(self, db: str) -> bool:
-        """Whether this store's own connection is gone (then it is closed, to reopen)."""
-        if db == self.alias:
-            return False
+    def _dropped(self, db: str, before: Any) -> bool:
+        """Whether the store's own, open connection died under the attempt (now reopened)."""
+        if db == self.alias or before is None:
+            return False  # The thread's connection, or the server refused to connect.
         wrapper = connections[db]
+        if wrapper.connection is not before:
+            return True  # Django replaced the dead connection while rolling back.
         try:
-            usable = wrapper.connection is not None and wrapper.is_usable()
+            usable = wrapper.is_usable()
         except Exception:
             usable = False
         if not usable:
@@ -277,6 +286,8 @@ class DjangoStore(Store):
         return not usable
 
     def _explain(self, exc: Error) -> str:
+        from django_integration.models import UniqueKey
+
         message = f"Django store on database {self.alias!r} failed: {exc}"
         table = UniqueKey._meta.db_table
         if table in str(exc):
@@ -287,10 +298,14 @@ class DjangoStore(Store):
 
     @staticmethod
     def _rows(db: str) -> QuerySet[UniqueKey]:
+        from django_integration.models import UniqueKey
+
         return UniqueKey.objects.using(db)
 
     def _lock(self, db: str, keys: Sequence[str]) -> tuple[dict[str, UniqueKey], int]:
         """Lock a row for every key (a placeholder where none exists); the rows and the clock."""
+        from django_integration.models import DatabaseNowMs, UniqueKey, key_hash
+
         by_hash = dict(sorted({key_hash(key): key for key in keys}.items()))
         features = connections[db].features
         self._rows(db).bulk_create(
@@ -317,6 +332,8 @@ class DjangoStore(Store):
         return rows, now
 
     def _save(self, db: str, rows: dict[str, UniqueKey], writes: _records.Writes, now: int) -> None:
+        from django_integration.models import RECORD_FIELDS
+
         updates: list[UniqueKey] = []
         deletes: list[int] = []
         for key, row in rows.items():
@@ -385,6 +402,8 @@ class DjangoStore(Store):
         return bool(self._change([(key, _records.forgetting(job_id))]))
 
     def get(self, key: str) -> HeldKey | None:
+        from django_integration.models import DatabaseNowMs, key_hash
+
         def work(db: str) -> UniqueKey | None:
             found = self._rows(db).filter(key_hash=key_hash(key))
             row: UniqueKey | None = found.annotate(db_now=DatabaseNowMs()).first()
@@ -412,6 +431,8 @@ class DjangoStore(Store):
             after = page[-1].pk
 
     def _page(self, db: str, *, kind: KeyKind | None, prefix: str, after: int) -> list[UniqueKey]:
+        from django_integration.models import DatabaseNowMs, alive
+
         rows = self._rows(db).filter(alive(), pk__gt=after)
         if kind is not None:
             rows = rows.filter(kind=kind.value)
@@ -420,6 +441,8 @@ class DjangoStore(Store):
         return list(rows.annotate(db_now=DatabaseNowMs()).order_by("pk")[:_SLICE])
 
     def stats(self) -> StoreStats:
+        from django_integration.models import DatabaseNowMs, alive
+
         def work(db: str) -> dict[str, Any]:
             return self._rows(db).aggregate(
                 active=Count("pk", filter=alive() & Q(kind=KeyKind.ACTIVE.value)),
@@ -445,7 +468,7 @@ class DjangoStore(Store):
 
     def _maybe_sweep(self) -> None:
         now = time.monotonic()
-        if now - self._swept_at < _SWEEP_EVERY_S:
+        if now - self._swept_at < self.sweep_every_s:
             return
         self._swept_at = now
         try:
@@ -455,6 +478,7 @@ class DjangoStore(Store):
 
     def sweep(self, limit: int = _SWEEP_LIMIT) -> int:
         """Delete up to ``limit`` expired rows that no transaction holds; return how many."""
+        from django_integration.models import DatabaseNowMs
 
         def work(db: str) -> int:
             expired = self._rows(db).filter(expires_at__lte=DatabaseNowMs()).order_by("key_hash")
@@ -466,8 +490,3 @@ class DjangoStore(Store):
             return len(ids)
 
         return self._run(work, atomic=True)
-
-
-def alive() -> Q:
-    """Rows whose key has not expired, on the database's clock."""
-    return Q(expires_at__isnull=True) | Q(expires_at__gt=DatabaseNowMs())

@@ -123,8 +123,6 @@ def _decide_one(
                 remembered.job_id,
                 conflicting_job_ids=(remembered.job_id, holder),
             ), {}
-        if remembered.job_id == claim.job_id:
-            return Decision(Verdict.RESENT, claim.job_id), {}
         drift = remembered.policy != window.policy
         return Decision(Verdict.REUSED_WINDOW, remembered.job_id, policy_drift=drift), {}
 
@@ -142,14 +140,10 @@ def _decide_one(
             policy=window.policy,
         )
 
-    if active is None or held is None:
-        verdict = Verdict.CREATED
-    elif holder == claim.job_id:
-        return Decision(Verdict.RESENT, claim.job_id), writes
-    elif _hands_off(claim, held):
-        verdict = Verdict.CREATED
-    else:
-        return Decision(Verdict.REUSED_ACTIVE, holder or claim.job_id), writes
+    if active is not None and held is not None and not _hands_off(claim, held):
+        # Held by another job, or by this very job id sent before: either way the
+        # job exists already and publishing again would run it twice.
+        return Decision(Verdict.REUSED_ACTIVE, held.job_id), writes
 
     if active is not None:
         writes[active.key] = Record(
@@ -159,7 +153,7 @@ def _decide_one(
             scope=active.scope,
             expires_at=_expiry(now, active.lease_ms),
         )
-    return Decision(verdict, claim.job_id), writes
+    return Decision(Verdict.CREATED, claim.job_id), writes
 
 
 def _hands_off(claim: Claim, held: Record | None) -> bool:

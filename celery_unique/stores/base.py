@@ -76,10 +76,7 @@ class Claim:
 class Verdict(str, enum.Enum):
     #: The keys now point at the claim's job: publish it.
     CREATED = "created"
-    #: The keys already pointed at the claim's own job id (a re-send): publish,
-    #: but a failed publish must not free keys the earlier send still needs.
-    RESENT = "resent"
-    #: An active key is held by another job; nothing to publish.
+    #: An active key is held by a job (another, or this very id sent before); nothing to publish.
     REUSED_ACTIVE = "reused_active"
     #: The window key already maps this very request to a job; nothing to publish.
     REUSED_WINDOW = "reused_window"
@@ -90,7 +87,7 @@ class Verdict(str, enum.Enum):
 
     @property
     def publishes(self) -> bool:
-        return self in (Verdict.CREATED, Verdict.RESENT)
+        return self is Verdict.CREATED
 
     @property
     def failed(self) -> bool:

@@ -59,10 +59,14 @@ def test_first_claim_creates_and_second_reuses(store: Store) -> None:
     assert (second.verdict, second.job_id) == (Verdict.REUSED_ACTIVE, "j1")
 
 
-def test_same_job_id_is_a_resend(store: Store) -> None:
-    """A claim under the id that already holds the key is the same job, not a duplicate."""
+def test_same_job_id_again_is_a_reuse(store: Store) -> None:
+    """A claim under the id that already holds a key is that job again: reused, never resent."""
     decide(store, active("j1"))
-    assert decide(store, active("j1")).verdict is Verdict.RESENT
+    again = decide(store, active("j1"))
+    assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, "j1")
+    decide(store, windowed("w1"))
+    again = decide(store, windowed("w1"))
+    assert (again.verdict, again.job_id) == (Verdict.REUSED_WINDOW, "w1")
 
 
 def test_release_frees_the_key(store: Store) -> None:

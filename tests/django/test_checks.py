@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -67,15 +70,51 @@ def test_each_misconfiguration_has_its_check(settings: dict[str, Any], expected:
     assert ids(**settings) == [expected]
 
 
-def test_django_store_without_the_app_installed() -> None:
-    """``django://`` with django_integration missing from INSTALLED_APPS is an error naming it."""
+#: A project that chose the Django store but did not install the app.
+NOT_INSTALLED = textwrap.dedent(
+    """
+    import django
+    from celery import Celery
     from django.conf import settings
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
 
-    apps = [app for app in settings.INSTALLED_APPS if app != "django_integration"]
-    with override_settings(INSTALLED_APPS=apps):
-        messages = checks.check_settings()
-    assert [m.id for m in messages] == ["celery_unique.E003"]
-    assert "INSTALLED_APPS" in messages[0].msg
+    from celery_unique.exceptions import ImproperlyConfigured
+    from celery_unique.stores import open_store
+
+    settings.configure(
+        INSTALLED_APPS=["django.contrib.contenttypes"],
+        DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    )
+    app = Celery("proj")
+    app.config_from_object({"unique_backend": "django://"})
+    for stage in ("before setup", "after setup"):
+        try:
+            open_store("django://")
+        except ImproperlyConfigured as exc:
+            print(stage, exc)
+        django.setup()
+    import django_integration.on_commit  # the project uses it without installing the app
+    try:
+        call_command("check")
+    except SystemCheckError as exc:
+        print(exc)
+    """
+)
+
+
+def test_django_store_without_the_app_installed() -> None:
+    """A project using django:// without the app: the store and ``check`` both say what to add."""
+    done = subprocess.run(
+        [sys.executable, "-c", NOT_INSTALLED], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    before, after, *check = done.stdout.splitlines()
+    assert before.startswith("before setup")
+    assert "django.setup()" in before
+    assert after.startswith("after setup")
+    assert "'django_integration' is not in INSTALLED_APPS" in after
+    assert "(celery_unique.E003)" in "\n".join(check)
 
 
 def test_missing_client_library(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,11 +8,12 @@ The proof, on a real Redis store and a real Redis broker:
   server, and the broker (db 10 of the same server), the test's own checks and
   any other test run sharing the server all bump them. The proxy sees the
   store's connections and nothing else, so "no command went through it" is
-  exact. A valid dispatch before (to open the store's connection, so the
-  invalid ones would reuse it) and one after (which must show up as a script
-  call) prove the proxy really is on the store's path.
+  exact. The store's connection is opened (a ``PING``) before the invalid
+  dispatch, so that dispatch would find it ready, and a valid dispatch after
+  it must show up as a script call: the proxy really is on the store's path.
 * **Broker**: the app publishes to a queue of its own that no worker
-  consumes, so its Redis list holds exactly what was published.
+  consumes, so its Redis list holds exactly what was published: nothing
+  after the invalid dispatch, one message after the valid one.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from celery_unique import (
 from celery_unique import config as unique_config
 from tests.conftest import HOST, REDIS_TEST_DB, redis_celery_config, service_port
 
-from .test_races import queue_lists, queued_messages
+from .test_races import queue_lists
 
 pytestmark = pytest.mark.redis
 
@@ -236,39 +237,53 @@ WAYS: dict[str, Callable[[dict[str, Any], Any], Any]] = {
 
 
 class Untouched:
-    """Checks that the store saw no command and the broker got no message in between."""
+    """Checks that the store saw no command and the broker's queue stayed empty in between.
+
+    On entry the store's connection is opened (``PING``), so a dispatch in
+    the block would not even have to connect to reach the store.
+    """
 
     def __init__(self, app: Celery, tap: CommandTap, broker: Any) -> None:
-        self.tap, self.broker = tap, broker
+        self.app, self.tap, self.broker = app, tap, broker
         self.queue: str = app.conf.task_default_queue
 
     def __enter__(self) -> Untouched:
+        unique_config.runtime(self.app).store.ping()
+        assert queue_length(self.broker, self.queue) == 0
         self.commands = self.tap.seen()
-        self.messages = queued_messages(self.broker, self.queue)
+        assert self.commands[-1:] == ["PING"]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         assert self.tap.seen() == self.commands, "the store was sent commands"
-        assert queued_messages(self.broker, self.queue) == self.messages, "a message was published"
+        assert queue_length(self.broker, self.queue) == 0, "a message was published"
+
+
+def queue_length(broker: Any, queue: str) -> int:
+    return sum(broker.llen(name) for name in queue_lists(queue))
+
+
+def reaches_store_and_broker(app: Celery, tap: CommandTap, broker: Any, send: Any) -> None:
+    """``send()`` creates a job: a script call through the proxy and one more queued message."""
+    commands, queued = len(tap.seen()), queue_length(broker, app.conf.task_default_queue)
+    assert send().disposition is Disposition.CREATED
+    assert "EVALSHA" in tap.seen()[commands:]
+    assert queue_length(broker, app.conf.task_default_queue) == queued + 1
 
 
 def dispatch_checked(
     way: str, app: Celery, tap: CommandTap, broker: Any, key: Any
 ) -> UniquenessError:
-    """Dispatch ``key`` the given way between two valid dispatches; the error it raised.
+    """Dispatch ``key`` the given way, checked to touch nothing; the error it raised.
 
-    The valid dispatch before opens the store's connection; the one after must
-    reach the store and the broker, proving both are watched on the right path.
+    A valid dispatch the same way afterwards must reach the store and the
+    broker, proving both are watched on the right path.
     """
     tasks = define_tasks(app)
     send = WAYS[way]
-    assert send(tasks, f"warm-up-{way}").disposition is Disposition.CREATED
     with Untouched(app, tap, broker), pytest.raises(UniquenessError) as caught:
         send(tasks, key)
-    before = len(tap.seen())
-    assert send(tasks, f"control-{way}").disposition is Disposition.CREATED
-    assert "EVALSHA" in tap.seen()[before:]
-    assert len(queued_messages(broker, app.conf.task_default_queue)) == 2
+    reaches_store_and_broker(app, tap, broker, lambda: send(tasks, f"control-{way}"))
     return caught.value
 
 
@@ -291,10 +306,7 @@ def test_longest_valid_key_reaches_the_store(
     """A key of exactly 512 bytes (as UTF-8) is valid: it is decided and published."""
     tasks = define_tasks(app)
     for key in ("k" * 512, "é" * 256):
-        before = len(tap.seen())
-        assert WAYS[way](tasks, key).disposition is Disposition.CREATED
-        assert "EVALSHA" in tap.seen()[before:]
-    assert len(queued_messages(broker, app.conf.task_default_queue)) == 2
+        reaches_store_and_broker(app, tap, broker, lambda: WAYS[way](tasks, key))  # noqa: B023
 
 
 def test_failing_selectors_and_unbound_arguments_touch_nothing(
@@ -307,7 +319,6 @@ def test_failing_selectors_and_unbound_arguments_touch_nothing(
     def broken() -> None:
         return None
 
-    assert tasks["selected"].delay("warm-up").disposition is Disposition.CREATED
     with Untouched(app, tap, broker):
         with pytest.raises(UniquenessRequired):
             tasks["selected"].delay(None)
@@ -316,3 +327,4 @@ def test_failing_selectors_and_unbound_arguments_touch_nothing(
         assert isinstance(caught.value.__cause__, ZeroDivisionError)
         with pytest.raises(TypeError):
             tasks["selected"].delay("k", "one too many")
+    reaches_store_and_broker(app, tap, broker, lambda: tasks["selected"].delay("control"))

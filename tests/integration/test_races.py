@@ -136,6 +136,7 @@ def judge(
 
 def published_once(client: Any, queue: str, winners: dict[str, Outcome]) -> list[dict[str, Any]]:
     """The queue's messages, checked to be exactly one per round, each the round's winner."""
+    assert sum(client.llen(name) for name in queue_lists(queue)) == len(winners)
     messages = queued_messages(client, queue)
     published = Counter(message["headers"]["id"] for message in messages)
     assert published == Counter(dict.fromkeys(winners, 1))

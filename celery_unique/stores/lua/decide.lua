@@ -8,7 +8,7 @@
 --   window key index (0: none), window ms, fingerprint, policy,
 --   handoff_from ("" none)
 -- Returns: one array per claim: {verdict, job_id, drift "1"|"0", conflicting ids...}
---   verdict: "created" | "resent" | "reused_active" | "reused_window"
+--   verdict: "created" | "reused_active" | "reused_window"
 --            | "conflict" | "composition_conflict"
 
 local all_or_nothing = ARGV[1] == "1"
@@ -51,8 +51,6 @@ for i = 0, count - 1 do
       result = {"conflict", remembered.job, "0", remembered.job}
     elseif holder and holder ~= remembered.job then
       result = {"composition_conflict", remembered.job, "0", remembered.job, holder}
-    elseif remembered.job == job then
-      result = {"resent", job, "0"}
     else
       result = {"reused_window", remembered.job, remembered.policy ~= policy and "1" or "0"}
     end
@@ -64,9 +62,7 @@ for i = 0, count - 1 do
       pending[#pending + 1] = {wkey, {kind = "w", finished = "0", job = target, task = task,
                                       fp = fp, policy = policy}, window_ms}
     end
-    if held and holder == job then
-      result = {"resent", job, "0"}
-    elseif held and not hands_off then
+    if held and not hands_off then
       result = {"reused_active", holder, "0"}
     else
       result = {"created", job, "0"}

@@ -59,14 +59,15 @@ TEMPLATES = [
 ]
 STATIC_URL = "static/"
 
-_TEST_DB = "test_celery_unique_django"
+# One test database per test run, so that runs side by side do not collide.
+_TEST_DB = f"test_celery_unique_django_{os.getpid()}"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": BASE_DIR / "example.sqlite3",
         "OPTIONS": {"timeout": 30},
         # A file, not memory: the race test's processes share it.
-        "TEST": {"NAME": os.path.join(tempfile.gettempdir(), f"{_TEST_DB}_{os.getpid()}.sqlite3")},
+        "TEST": {"NAME": os.path.join(tempfile.gettempdir(), f"{_TEST_DB}.sqlite3")},
     },
     "postgres": {
         "ENGINE": "django.db.backends.postgresql",

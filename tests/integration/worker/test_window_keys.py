@@ -11,6 +11,7 @@ published; jobs that must stay running block on a gate in Redis.
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -129,6 +130,26 @@ def test_same_request_gets_the_finished_job_even_after_its_result_is_gone(
 
     assert runs.count(request) == 1
     assert published == [first.id]
+
+
+def test_client_retry_presetting_the_same_task_id_is_a_reuse(
+    celery_app: Celery,
+    celery_worker: WorkController,
+    runs: Runs,
+    published: list[str],
+) -> None:
+    """A retry that presets the task id its first attempt used gets that job back, unpublished."""
+    order = define_order(celery_app, runs)
+    celery_worker.reload()
+    job_id = f"order-{uuid.uuid4()}"  # e.g. derived from the request id by the client
+
+    first = order.apply_async(("req-preset", "book"), task_id=job_id)
+    assert_created(first)
+    assert first.get(timeout=TIMEOUT_S) == "book"
+    retry = order.apply_async(("req-preset", "book"), task_id=job_id)
+    assert_reused_window(retry, job_id)
+    assert published == [job_id]
+    assert runs.count("req-preset") == 1
 
 
 def test_window_does_not_slide(

@@ -1,0 +1,142 @@
+"""The Celery apps of the fault tests: built alike in the test process and in worker processes.
+
+A test describes its app as a :class:`Spec` of plain values; the worker's app
+module (written into the test's temporary directory) rebuilds the same app
+from the same spec, so producer and worker agree on every setting and task.
+
+Tasks record what they do in Redis (the *marks* database) under the spec's
+``marks`` prefix: how often each job ran, in which process, when it started
+and ended. ``plain_app`` builds the same tasks as plain Celery tasks and never
+imports celery_unique: a worker of a fleet that does not have the plugin yet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from celery import Celery
+
+#: The task that holds a key while it runs (tests 1, 2, 6).
+JOB = "faults.job"
+#: The soak's task: count the run and record it, quickly.
+SOAK = "faults.soak"
+#: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
+#: spelled out: a plain app never imports the plugin).
+KEY_HEADER = "celery_unique"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything an app of one fault test needs, as plain JSON-able values."""
+
+    broker_url: str
+    queue: str
+    store_url: str
+    namespace: str
+    marks_url: str
+    marks: str
+    #: ``unique_lease`` in seconds.
+    lease_s: float = 30.0
+    acks_late: bool = False
+    fail_open: bool = False
+    #: Extra Celery settings (JSON-able).
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        return cls(**json.loads(text))
+
+
+def celery_settings(spec: Spec) -> dict[str, Any]:
+    """Celery settings shared by the producer and the worker of one test."""
+    return {
+        "broker_url": spec.broker_url,
+        "task_default_queue": spec.queue,
+        "task_default_exchange": spec.queue,
+        "task_default_routing_key": spec.queue,
+        "task_ignore_result": True,
+        "task_acks_late": spec.acks_late,
+        "task_reject_on_worker_lost": spec.acks_late,
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+        **spec.settings,
+    }
+
+
+_clients: dict[tuple[int, str], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def marks_client(url: str) -> Any:
+    """This process's Redis client on the marks database (never shared across fork)."""
+    import redis
+
+    slot = (os.getpid(), url)
+    with _clients_lock:
+        if slot not in _clients:
+            _clients[slot] = redis.Redis.from_url(url)
+        return _clients[slot]
+
+
+def _define_tasks(app: Celery, spec: Spec, base: Any = None) -> None:
+    options: dict[str, Any] = {"shared": False, "bind": True}
+    if base is not None:
+        options["base"] = base
+
+    @app.task(name=JOB, **options)
+    def job(self: Any, hold_s: float = 0.0, first_hold_s: float | None = None) -> int:
+        """Count this run, record its process, hold for a while (longer on the first run)."""
+        marks = marks_client(spec.marks_url)
+        job_id = self.request.id
+        run = int(marks.incr(f"{spec.marks}:runs:{job_id}"))
+        keyed = getattr(self.request, KEY_HEADER, None) is not None
+        marks.rpush(f"{spec.marks}:started", json.dumps([job_id, os.getpid(), run, keyed]))
+        time.sleep(first_hold_s if run == 1 and first_hold_s is not None else hold_s)
+        marks.rpush(f"{spec.marks}:finished", job_id)
+        return run
+
+    @app.task(name=SOAK, **options)
+    def soak(self: Any, key: str) -> None:
+        """Record ``(key, job id, start ticket, end ticket)``; tickets order all runs."""
+        marks = marks_client(spec.marks_url)
+        start = marks.incr(f"{spec.marks}:ticket")
+        end = marks.incr(f"{spec.marks}:ticket")
+        with marks.pipeline(transaction=False) as pipe:
+            pipe.incr(f"{spec.marks}:count:{key}")
+            pipe.sadd(f"{spec.marks}:ran", self.request.id)
+            pipe.rpush(f"{spec.marks}:runs", f"{key} {self.request.id} {start} {end}")
+            pipe.execute()
+
+
+def unique_app(spec: Spec) -> Celery:
+    """The app with the plugin: its tasks are ``UniqueTask`` s, keys given per dispatch."""
+    from celery_unique import UniqueTask
+
+    app = Celery(f"faults-{spec.namespace}", set_as_current=False)
+    app.conf.update(
+        celery_settings(spec),
+        unique_backend=spec.store_url,
+        unique_namespace=spec.namespace,
+        unique_lease=spec.lease_s,
+        unique_fail_open=spec.fail_open,
+    )
+    _define_tasks(app, spec, UniqueTask)
+    app.finalize()
+    return app
+
+
+def plain_app(spec: Spec) -> Celery:
+    """The same app and tasks without the plugin (celery_unique is never imported)."""
+    app = Celery(f"faults-plain-{spec.namespace}", set_as_current=False)
+    app.conf.update(celery_settings(spec))
+    _define_tasks(app, spec)
+    app.finalize()
+    return app
