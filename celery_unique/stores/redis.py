@@ -63,17 +63,18 @@ class RedisStore(Store):
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
+        """``redis://``, ``rediss://``, ``unix://``; ``redis+cluster://`` for Redis Cluster."""
         redis = _import_redis()
-        # Health checks and a short connect timeout keep a dead server from
-        # stalling dispatches for the OS default of minutes.
-        client = redis.Redis.from_url(
-            url,
-            socket_connect_timeout=5,
-            socket_timeout=10,
-            health_check_interval=30,
-            decode_responses=False,
-        )
-        return cls(client)
+        # A short connect timeout keeps a dead server from stalling dispatches
+        # for the OS default of minutes.
+        options = {"socket_connect_timeout": 5, "socket_timeout": 10, "decode_responses": False}
+        scheme, _, rest = url.partition("://")
+        if scheme.endswith("+cluster"):
+            # Every script's keys share the namespace's hash tag: one slot per call.
+            from redis.cluster import RedisCluster
+
+            return cls(RedisCluster.from_url(f"{scheme[: -len('+cluster')]}://{rest}", **options))
+        return cls(redis.Redis.from_url(url, health_check_interval=30, **options))
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         try:
