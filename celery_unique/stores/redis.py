@@ -26,6 +26,7 @@ from celery_unique.stores.base import (
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
 _SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
 SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
@@ -53,7 +54,7 @@ def _import_redis() -> Any:
 class RedisStore(Store):
     """Keys in Redis, decided by server-side scripts."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster) -> None:
         self.client = client
         self._redis = _import_redis()
         self._scripts = {
