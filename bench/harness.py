@@ -205,10 +205,9 @@ def monitor_commands(
     """
     wanted = {int(db) for db in dbs}
     counts: dict[int, int] = dict.fromkeys(wanted, 0)
-    parts = urlsplit(base_url)
-    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+    sock = raw_socket(base_url)
     try:
-        sock.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+        sock.sendall(resp(b"MONITOR"))
         buffer = _read_until(sock, b"+OK\r\n", b"")
         marker = b"END-OF-SAMPLE-%d" % os.getpid()
         action()
@@ -237,7 +236,19 @@ def _read_until(sock: socket.socket, token: bytes, buffer: bytes) -> bytes:
     return buffer[buffer.index(token) + len(token) :]
 
 
-def _resp(*parts: bytes) -> bytes:
+def raw_socket(base_url: str, db: int | None = None) -> socket.socket:
+    """A plain TCP connection to the server (no client library), on ``db`` if given."""
+    parts = urlsplit(base_url)
+    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if db is not None:
+        sock.sendall(resp(b"SELECT", str(db).encode()))
+        _read_until(sock, b"+OK\r\n", b"")
+    return sock
+
+
+def resp(*parts: bytes) -> bytes:
+    """One command in the Redis protocol."""
     out = [b"*%d\r\n" % len(parts)]
     for part in parts:
         out.append(b"$%d\r\n%s\r\n" % (len(part), part))
@@ -246,15 +257,12 @@ def _resp(*parts: bytes) -> bytes:
 
 def bulk_set(base_url: str, db: int, items: Iterator[tuple[bytes, bytes, int]]) -> int:
     """``SET key value PX ttl`` for every item, pipelined over a raw socket; returns the count."""
-    parts = urlsplit(base_url)
-    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+    sock = raw_socket(base_url, db)
     total = 0
     try:
-        sock.sendall(_resp(b"SELECT", str(db).encode()))
-        _read_until(sock, b"+OK\r\n", b"")
         while True:
             chunk = [
-                _resp(b"SET", key, value, b"PX", str(ttl).encode())
+                resp(b"SET", key, value, b"PX", str(ttl).encode())
                 for key, value, ttl in itertools.islice(items, 10_000)
             ]
             if not chunk:

@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import harness
 from harness import TENANT, fresh
@@ -136,11 +134,7 @@ def steps(
 
         return call
 
-    parts = urlsplit(base_url)
-    raw = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
-    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    raw.sendall(harness._resp(b"SELECT", str(bench.store_db).encode()))
-    raw.recv(100)
+    raw = harness.raw_socket(base_url, bench.store_db)
 
     def raw_eval_case() -> Callable[[], object]:
         from celery.utils import uuid
@@ -297,11 +291,7 @@ def in_context(bench: harness.Bench, base_url: str, n: int, rounds: int) -> dict
     store: Any = rt.store
     sha = store._scripts["decide"].sha
     connection = store.client.connection_pool.get_connection()
-    parts = urlsplit(base_url)
-    raw = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
-    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    raw.sendall(harness._resp(b"SELECT", str(bench.store_db).encode()))
-    raw.recv(100)
+    raw = harness.raw_socket(base_url, bench.store_db)
     header = {"v": 1, "a": "unique:v1:{bench}:a:bench.selector\x1forder:1", "s": "queued"}
 
     def planned() -> Any:

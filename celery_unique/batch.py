@@ -18,6 +18,7 @@ from celery.canvas import Signature, maybe_signature
 from celery.result import AsyncResult
 from celery.utils import uuid
 
+from celery_unique import signals
 from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.dispatch import (
@@ -164,23 +165,38 @@ def _decide(items: Sequence[_Item], continue_on_conflict: bool) -> None:
 
 
 def _publish(items: Sequence[_Item]) -> None:
-    """Publish created items in order over one producer per app; hand back the rest."""
-    with ExitStack() as stack:
-        producers: dict[int, Any] = {}
-        for position, item in enumerate(items):
-            if item.outcome is not None:
-                continue
-            decision = item.decision
-            if item.plan is not None and decision is not None and not decision.verdict.publishes:
-                callbacks = bool(item.link or item.link_error or item.options.get("chain"))
-                item.outcome = reused(item.task, item.plan, decision, callbacks=callbacks)
-                continue
-            if id(item.app) not in producers:
-                producers[id(item.app)] = stack.enter_context(item.app.producer_or_acquire())
-            options = item.options
-            if item.plan is not None:
-                options = with_header(options, item.plan.header)
-            try:
+    """Publish created items in order, pipelined per app; hand back the rest.
+
+    Where the transport supports it (kombu's ``Producer.batch``), the messages
+    leave in one pipeline when the batch closes. If anything fails before
+    they are known to be out, every created item's keys are rolled back: a
+    key must never stay held for a job that was not published.
+    """
+    pipelined: list[Any] = []
+    position = 0
+    try:
+        with ExitStack() as stack:
+            producers: dict[int, Any] = {}
+            for position, item in enumerate(items):  # noqa: B007 - read after a failure
+                if item.outcome is not None:
+                    continue
+                decision = item.decision
+                if (
+                    item.plan is not None
+                    and decision is not None
+                    and not decision.verdict.publishes
+                ):
+                    callbacks = bool(item.link or item.link_error or item.options.get("chain"))
+                    item.outcome = reused(item.task, item.plan, decision, callbacks=callbacks)
+                    continue
+                if id(item.app) not in producers:
+                    producer = stack.enter_context(item.app.producer_or_acquire())
+                    if hasattr(producer, "batch"):  # kombu >= 5.6
+                        pipelined.append(stack.enter_context(producer.batch(len(items))))
+                    producers[id(item.app)] = producer
+                options = item.options
+                if item.plan is not None:
+                    options = with_header(options, item.plan.header)
                 with decided(item.job_id):
                     # Celery's own apply_async: the decision is made already.
                     result = Task.apply_async(
@@ -193,14 +209,17 @@ def _publish(items: Sequence[_Item]) -> None:
                         link_error=item.link_error,
                         **options,
                     )
-            except BaseException:
-                _roll_back_unpublished(items[position:])
-                raise
-            item.outcome = stamp(result)
+                item.outcome = stamp(result)
+                if item.plan is not None:
+                    signals.emit_created(item.task, item.plan)
+    except BaseException:
+        sent_one_by_one = all(getattr(b.state, "immediate", False) for b in pipelined)
+        _roll_back_unpublished(items[position:] if sent_one_by_one else items)
+        raise
 
 
 def _roll_back_unpublished(items: Sequence[_Item]) -> None:
-    """Free the keys of created items that will now never be published."""
+    """Free the keys of created items whose messages may not have left."""
     for item in items:
         decision = item.decision
         if item.plan is not None and decision is not None and decision.verdict is Verdict.CREATED:

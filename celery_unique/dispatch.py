@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from celery_unique import keyspace
+from celery_unique import keyspace, signals
 from celery_unique.arguments import ArgumentView, json_payload
 from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import (
@@ -43,6 +43,7 @@ from celery_unique.exceptions import (
 )
 from celery_unique.fingerprint import policy_digest, request_fingerprint
 from celery_unique.headers import HEADER, VERSION, KeyHeader, read_header
+from celery_unique.publishing import publish_deciding, store_answered, tolerate_outage
 from celery_unique.receipt import Disposition, DuplicateMatch, stamp
 from celery_unique.stores.base import (
     ActiveClaim,
@@ -309,56 +310,19 @@ def decide_one(rt: Runtime, claim: Claim) -> Decision | None:
     """The store's decision; ``None`` when the store is down and fail-open is on."""
     try:
         decision = rt.store.decide([claim])[0]
-    except BackendUnavailable as exc:
-        if not rt.fail_open:
+    except BackendUnavailable as error:
+        if not tolerate_outage(rt, error):
             raise
-        if not rt.outage:
-            rt.outage = True
-            logger.warning(
-                "uniqueness store unreachable, publishing without uniqueness (fail-open): %s",
-                exc,
-            )
         return None
-    if rt.outage:
-        rt.outage = False
-        logger.warning("uniqueness store reachable again; uniqueness restored")
+    store_answered(rt)
     return decision
 
 
-def conclude(
-    task: Task[Any, Any],
-    rt: Runtime,
-    plan: Plan,
-    decision: Decision,
-    publish: Callable[[], AsyncResult[Any]],
-    *,
-    callbacks: bool = False,
-    group_member: bool = False,
-) -> AsyncResult[Any]:
-    """Publish for a created verdict (rolling back if that fails), else hand back or raise."""
-    if decision.verdict.publishes:
-        try:
-            result = publish()
-        except BaseException:
-            if decision.verdict is Verdict.CREATED:
-                rollback(rt, plan.claim)
-            raise
-        return stamp(result)
-    error = verdict_error(task, plan, decision)
-    if error is not None:
-        raise error
-    return reused(task, plan, decision, callbacks=callbacks, group_member=group_member)
-
-
 def verdict_error(task: Task[Any, Any], plan: Plan, decision: Decision) -> UniquenessError | None:
-    """The error a conflicting verdict stands for (logged once), else ``None``."""
+    """The error a conflicting verdict stands for (signalled and logged once), else ``None``."""
+    if decision.verdict.failed:
+        signals.emit_conflict(task, plan, decision)
     if decision.verdict is Verdict.CONFLICT:
-        logger.warning(
-            "%s: window key %r already used by job %s with a different request",
-            task.name,
-            plan.window_key,
-            decision.job_id,
-        )
         return UniquenessConflict(
             f"window key {plan.window_key!r} of {task.name} is already used by job "
             f"{decision.job_id} for a different request (payload, routing, start time, "
@@ -366,13 +330,6 @@ def verdict_error(task: Task[Any, Any], plan: Plan, decision: Decision) -> Uniqu
             conflicting_job_id=decision.job_id,
         )
     if decision.verdict is Verdict.COMPOSITION_CONFLICT:
-        logger.warning(
-            "%s: window key %r and active key %r point at different jobs %s",
-            task.name,
-            plan.window_key,
-            plan.active_key,
-            ", ".join(decision.conflicting_job_ids),
-        )
         return CompositionConflict(
             f"window key {plan.window_key!r} points at job {decision.conflicting_job_ids[0]} "
             f"but active key {plan.active_key!r} is held by job "
@@ -394,14 +351,7 @@ def reused(
     verdict = decision.verdict
     match = DuplicateMatch.WINDOW if verdict is Verdict.REUSED_WINDOW else DuplicateMatch.ACTIVE
     matched_key = plan.window_key if match is DuplicateMatch.WINDOW else plan.active_key
-    logger.info(
-        "%s: reused job %s (%s key %r)%s",
-        task.name,
-        decision.job_id,
-        match.value,
-        matched_key,
-        " with policy drift" if decision.policy_drift else "",
-    )
+    signals.emit_reused(task, plan, decision)
     result = task.AsyncResult(decision.job_id)
     # A window match means the same request, callbacks included (they are in the
     # fingerprint); an active match may hand back a job that lacks them.
@@ -445,19 +395,31 @@ def apply_unique(
     link: Any,
     link_error: Any,
     options: dict[str, Any],
+    *,
+    producer: Any = None,
+    publishes: bool = True,
 ) -> AsyncResult[Any]:
-    """A dispatch of a unique task. ``send`` is Celery's own ``apply_async`` or ``apply``."""
+    """A dispatch of a unique task.
+
+    ``send`` is Celery's own ``apply_async`` (``publishes=True``: it takes a
+    ``producer``, and the store's round trip overlaps building the message) or
+    ``apply`` (``publishes=False``: the job runs here, after the decision).
+    """
     if task_id is not None and _decided.get() == task_id:
         # Our own apply_async in eager mode calling apply(): decided already.
         return send(args, kwargs, task_id=task_id, link=link, link_error=link_error, **options)
     overrides = take_dispatch_options(options)
     declaration: Declaration = task.__unique__  # type: ignore[attr-defined]
     app = task.app
+    if publishes:
+        options["producer"] = producer
 
-    def publish(job_id: str | None, header: KeyHeader | None = None) -> AsyncResult[Any]:
+    def publish(job_id: str | None, header: KeyHeader | None = None, **extra: Any) -> Any:
         opts = with_header(options, header) if header is not None else options
         with decided(job_id):
-            return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts)
+            return send(
+                args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts, **extra
+            )
 
     resent = resent_job(app, task_id)
     if resent is not None:
@@ -485,16 +447,40 @@ def apply_unique(
     )
     if planned is None:
         return stamp(publish(task_id))
-    decision = decide_one(rt, planned.claim)
-    if decision is None:
-        return stamp(publish(task_id))
     callbacks = bool(link or link_error or options.get("chain"))
-    return conclude(
-        task,
+    group_member = task_id is not None and bool(options.get("group_id"))
+
+    def not_published(decision: Decision) -> AsyncResult[Any]:
+        error = verdict_error(task, planned, decision)
+        if error is not None:
+            raise error
+        return reused(task, planned, decision, callbacks=callbacks, group_member=group_member)
+
+    if not publishes:
+        decision = decide_one(rt, planned.claim)
+        if decision is None:
+            return stamp(publish(task_id))
+        if not decision.verdict.publishes:
+            return not_published(decision)
+        created: AsyncResult[Any] = stamp(publish(job_id, planned.header))
+        signals.emit_created(task, planned)
+        return created
+
+    try:
+        pending = rt.store.send_decide([planned.claim])
+    except BackendUnavailable as error:
+        if not tolerate_outage(rt, error):
+            raise
+        return stamp(publish(task_id))
+    given = options.pop("producer")
+    outcome: AsyncResult[Any] = publish_deciding(
+        app,
         rt,
-        planned,
-        decision,
-        lambda: publish(job_id, planned.header),
-        callbacks=callbacks,
-        group_member=task_id is not None and bool(options.get("group_id")),
+        pending,
+        given,
+        lambda stand_in: stamp(publish(job_id, planned.header, producer=stand_in)),
+        not_published,
+        lambda: rollback(rt, planned.claim),
+        on_created=lambda: signals.emit_created(task, planned),
     )
+    return outcome

@@ -127,8 +127,6 @@ class Explanation:
             return "would create (no uniqueness keys)"
         if outcome is Verdict.CREATED:
             return "would create"
-        if outcome is Verdict.RESENT:
-            return f"would re-send job {self.job_id} (its keys already point at it)"
         if outcome is Verdict.REUSED_ACTIVE:
             return f"would reuse job {self.job_id} (active)"
         if outcome is Verdict.REUSED_WINDOW:

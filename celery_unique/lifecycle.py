@@ -25,6 +25,7 @@ from celery import Celery, signals, states
 
 from celery_unique.config import runtime
 from celery_unique.headers import KeyHeader, read_header
+from celery_unique.signals import ReleaseReason, emit_released
 from celery_unique.stores.base import Scope
 
 logger = logging.getLogger("celery_unique")
@@ -55,10 +56,14 @@ def release(app: Celery, job_id: str, header: KeyHeader, *, finished: bool) -> N
     else:
         keep = 0
     try:
-        runtime(app).store.release(job_id, key, keep_ms=keep)
+        released = runtime(app).store.release(job_id, key, keep_ms=keep)
     except Exception:
         # A release that fails is covered by the key's lease; never fail the job for it.
         logger.warning("could not release key %r of job %s", key, job_id, exc_info=True)
+        return
+    if released:
+        reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
+        emit_released(app, job_id, key, reason=reason, kept=keep != 0)
 
 
 def _app_of(*sources: Any) -> Celery | None:

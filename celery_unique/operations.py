@@ -189,14 +189,15 @@ def _by_storage_key(info: KeyInfo) -> str:
 def candidate_storage_keys(namespace: str, key: str, kind: KeyKind | None = None) -> list[str]:
     """Every storage key ``key`` may stand for, most literal reading first.
 
-    A storage key stands for itself. Otherwise ``key`` is read as a bare key
-    shared across tasks and as ``<task name>:<key>`` split at each ``:`` (task
-    names may contain ``:`` themselves), for each kind.
+    A storage key stands for itself (none, if it is another namespace's).
+    Otherwise ``key`` is read as a bare key shared across tasks and as
+    ``<task name>:<key>`` split at each ``:`` (task names may contain ``:``
+    themselves), for each kind.
     """
     if key.startswith(keyspace.PREFIX):
         if keyspace.SEPARATOR not in key:
             key = key.replace(ESCAPED_SEPARATOR, keyspace.SEPARATOR, 1)
-        return [key]
+        return [key] if key.startswith(keyspace.namespace_prefix(namespace)) else []
     splits = [("", key)] + [
         (key[:at], key[at + 1 :])
         for at, char in enumerate(key)

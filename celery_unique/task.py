@@ -9,6 +9,7 @@ from celery.result import AsyncResult
 
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
+from celery_unique.explain import Explanation, explain
 from celery_unique.install import install
 
 
@@ -58,11 +59,15 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         **options: Any,
     ) -> AsyncResult[Any]:
         def send(args: Any, kwargs: Any, **opts: Any) -> AsyncResult[Any]:
-            return super(UniqueTask, self).apply_async(
-                args, kwargs, producer=producer, shadow=shadow, **opts
-            )
+            return super(UniqueTask, self).apply_async(args, kwargs, shadow=shadow, **opts)
 
-        return apply_unique(self, send, args, kwargs, task_id, link, link_error, options)
+        return apply_unique(
+            self, send, args, kwargs, task_id, link, link_error, options, producer=producer
+        )
+
+    def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""
+        return explain(self, *args, **kwargs)
 
     def apply(
         self,
@@ -86,7 +91,9 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         options.update(retries=retries, throw=throw, logfile=logfile, loglevel=loglevel)
         if headers is not None:
             options["headers"] = headers
-        return apply_unique(self, run, args, kwargs, task_id, link, link_error, options)
+        return apply_unique(
+            self, run, args, kwargs, task_id, link, link_error, options, publishes=False
+        )
 
 
 UniqueTask.__unique__ = Declaration()

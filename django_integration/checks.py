@@ -216,9 +216,8 @@ def check_store_reachable(
     if app is None or any(m.is_serious() or m.id == "celery_unique.W002" for m in reported):
         return []  # The settings are wrong or missing: check_settings says so already.
     try:
-        rt = runtime(app)
-        rt.store.ping()
-    except UniquenessError as exc:
+        runtime(app).store.ping()
+    except Exception as exc:  # Whatever the store raises, it cannot be used.
         fail_open = bool(app.conf.get("unique_fail_open"))
         kind = Warning if fail_open else Error
         consequence = (

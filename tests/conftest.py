@@ -163,14 +163,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Check the services a test is marked with before any of its fixtures runs.
 
-    Also recover from a worker that failed to stop in time (see
-    ``_reap_stuck_workers``) before the next worker starts.
+    Also recover from an in-thread worker that failed to stop in time (see
+    ``_reap_stuck_workers``; any test may start one, with ``start_worker``).
     """
     for name in _DEFAULT_PORTS:
         if item.get_closest_marker(name) is not None:
             require_service(name)
-    if not _WORKER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
-        _reap_stuck_workers()
+    _reap_stuck_workers()
 
 
 def _reap_stuck_workers(timeout: float = 30.0) -> None:
@@ -182,11 +181,13 @@ def _reap_stuck_workers(timeout: float = 30.0) -> None:
     still owns kombu's current event loop and the pidbox queue of this
     process's node name (a new worker would hang or be refused).
     """
-    from celery.worker import WorkController, state
-    from kombu.asynchronous import set_event_loop
+    from celery.worker import state
 
     if state.should_terminate is None and state.should_stop is None:
         return
+    from celery.worker import WorkController
+    from kombu.asynchronous import set_event_loop
+
     deadline = time.monotonic() + timeout
     for thread in threading.enumerate():
         target = getattr(thread, "_target", None)

@@ -127,6 +127,24 @@ class StoreStats:
     extra: dict[str, object] = field(default_factory=dict)
 
 
+class PendingDecisions(ABC):
+    """Decisions asked for and not yet read: the store works while the caller does."""
+
+    @abstractmethod
+    def wait(self) -> list[Decision]:
+        """The decisions (read once, then cached); raises like :meth:`Store.decide`."""
+
+
+class DecidedAlready(PendingDecisions):
+    """For stores that answer on the spot."""
+
+    def __init__(self, decisions: list[Decision]) -> None:
+        self.decisions = decisions
+
+    def wait(self) -> list[Decision]:
+        return self.decisions
+
+
 class Store(ABC):
     """A uniqueness store. Instances are per process; create them after fork."""
 
@@ -139,6 +157,18 @@ class Store(ABC):
         tell which item failed. Otherwise failed items write nothing and the
         others proceed as if the failed ones were absent.
         """
+
+    def send_decide(
+        self, claims: Sequence[Claim], *, all_or_nothing: bool = True
+    ) -> PendingDecisions:
+        """Start :meth:`decide` and return at once; the decisions are read with ``wait()``.
+
+        The store applies the decisions when it receives the request, exactly as
+        ``decide`` would; only the reading of the answer is deferred, so the
+        caller can build its broker message meanwhile. Stores without a
+        network round trip answer on the spot.
+        """
+        return DecidedAlready(self.decide(claims, all_or_nothing=all_or_nothing))
 
     @abstractmethod
     def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:

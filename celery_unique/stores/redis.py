@@ -16,9 +16,11 @@ from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     Claim,
+    DecidedAlready,
     Decision,
     HeldKey,
     KeyKind,
+    PendingDecisions,
     Scope,
     Store,
     Verdict,
@@ -84,6 +86,26 @@ class RedisStore(Store):
             raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
 
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
+        return self.send_decide(claims, all_or_nothing=all_or_nothing).wait()
+
+    def send_decide(
+        self, claims: Sequence[Claim], *, all_or_nothing: bool = True
+    ) -> PendingDecisions:
+        keys, args = self._decide_arguments(claims, all_or_nothing)
+        pool = getattr(self.client, "connection_pool", None)
+        if pool is None:
+            # Redis Cluster routes per command: no connection to hold on to.
+            return DecidedAlready(self._decisions(claims, self._call("decide", keys, args)))
+        return _PendingScript(self, pool, claims, keys, args)
+
+    def _decisions(self, claims: Sequence[Claim], replies: Sequence[Any]) -> list[Decision]:
+        return [_decision(reply) for reply in replies] + [
+            Decision(Verdict.CREATED, claim.job_id) for claim in claims[len(replies) :]
+        ]
+
+    def _decide_arguments(
+        self, claims: Sequence[Claim], all_or_nothing: bool
+    ) -> tuple[list[str], list[str | int]]:
         keys: list[str] = []
         index: dict[str, int] = {}
 
@@ -110,10 +132,7 @@ class RedisStore(Store):
                 window.policy if window else "",
                 claim.handoff_from or "",
             ]
-        replies = self._call("decide", keys, args)
-        return [_decision(reply) for reply in replies] + [
-            Decision(Verdict.CREATED, claim.job_id) for claim in claims[len(replies) :]
-        ]
+        return keys, args
 
     def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
         return bool(self._call("release", [key], [job_id, "" if keep_ms is None else keep_ms]))
@@ -164,6 +183,61 @@ class RedisStore(Store):
 
     def close(self) -> None:
         self.client.close()
+
+
+class _PendingScript(PendingDecisions):
+    """An EVALSHA of ``decide`` sent on a pooled connection, its reply not read yet."""
+
+    def __init__(
+        self,
+        store: RedisStore,
+        pool: Any,
+        claims: Sequence[Claim],
+        keys: list[str],
+        args: list[str | int],
+    ) -> None:
+        self.store, self.claims, self.keys, self.args = store, claims, keys, args
+        self.decisions: list[Decision] | None = None
+        self.pool = pool
+        script = store._scripts["decide"]
+        try:
+            self.connection = pool.get_connection()  # connects, when it must
+        except (store._redis.ConnectionError, store._redis.TimeoutError) as exc:
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        try:
+            self.connection.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except (store._redis.ConnectionError, store._redis.TimeoutError) as exc:
+            self._drop()
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+
+    def wait(self) -> list[Decision]:
+        if self.decisions is not None:
+            return self.decisions
+        redis = self.store._redis
+        try:
+            try:
+                reply = self.connection.read_response()
+            except redis.exceptions.NoScriptError:
+                # First call on this server (or after SCRIPT FLUSH): EVAL also caches it.
+                script = self.store._scripts["decide"]
+                self.connection.send_command(
+                    "EVAL", script.script, len(self.keys), *self.keys, *self.args
+                )
+                reply = self.connection.read_response()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._drop()
+            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        except BaseException:
+            self._drop()
+            raise
+        self.pool.release(self.connection)
+        self.decisions = self.store._decisions(self.claims, reply)
+        return self.decisions
+
+    def _drop(self) -> None:
+        # A connection with an unread or broken reply must never be reused.
+        self.connection.disconnect()
+        self.pool.release(self.connection)
 
 
 def _text(value: bytes | str) -> str:

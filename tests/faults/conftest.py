@@ -264,10 +264,10 @@ app = {builder}(Spec.from_json({spec!r}))
 
 @pytest.fixture
 def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    """Start a worker for a spec (``plain=True``: without the plugin); all killed at teardown."""
+    """Start a ready worker for a spec (``plain=True``: without the plugin); all killed after."""
     workers: list[Worker] = []
 
-    def start(spec: Spec, *, plain: bool = False, wait: bool = True) -> Worker:
+    def start(spec: Spec, *, plain: bool = False) -> Worker:
         name = f"faults{len(workers)}-{uuid.uuid4().hex[:8]}"
         module = f"faultapp_{name.replace('-', '_')}"
         builder = "plain_app" if plain else "unique_app"
@@ -276,8 +276,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         )
         worker = Worker(tmp_path, module, spec, name)
         workers.append(worker)
-        if wait:
-            worker.wait_ready()
+        worker.wait_ready()
         return worker
 
     yield start

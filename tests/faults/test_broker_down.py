@@ -17,8 +17,6 @@ from celery_unique import Disposition, keyspace
 from ._apps import JOB, Spec
 from .conftest import RedisServer, job_key, open_store, producer, queue_length, task_of
 
-pytestmark = pytest.mark.slow
-
 FAIL_FAST = {
     "broker_connection_retry": False,
     "broker_connection_max_retries": 1,

@@ -21,8 +21,6 @@ from celery_unique import BackendUnavailable, Disposition
 from ._apps import Spec
 from .conftest import RedisServer, producer, queue_length, task_of
 
-pytestmark = pytest.mark.slow
-
 STOPS = [pytest.param(signal.SIGTERM, id="sigterm"), pytest.param(signal.SIGKILL, id="sigkill")]
 
 

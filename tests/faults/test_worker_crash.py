@@ -4,16 +4,15 @@
   redelivered job ends, and dispatches in between are REUSED;
 * ``acks_late=False``, whole worker killed: the job is lost, and its key is
   freed by its lease, since no live worker renews it any more;
-* a live worker renews the key of a job running longer than its lease;
-* one pool child killed: the worker's main process reports the loss and frees
-  the key at once.
+* one pool child killed: without ``acks_late`` the worker's main process
+  reports the loss and frees the key at once; with ``acks_late`` (and
+  ``task_reject_on_worker_lost``) the job runs again and keeps its key.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -93,35 +92,6 @@ def test_lost_job_of_a_killed_worker_frees_its_key_when_the_lease_ends(
     assert finished(marks, spec) == []
 
 
-def test_a_live_worker_renews_the_key_of_a_job_longer_than_its_lease(
-    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
-) -> None:
-    """A job running three leases long holds its key throughout; a dispatch meanwhile is REUSED."""
-    spec = make_spec(lease_s=SHORT_LEASE_S)
-    start_worker(spec)
-    with one_key(spec, "long") as job:
-        first = job.dispatch(hold_s=3 * SHORT_LEASE_S)
-        dispatched = time.monotonic()
-        eventually(lambda: starts(marks, spec), what="the job to start")
-        checks = reused = 0
-        deadline = dispatched + 10 * SHORT_LEASE_S
-        while first.id not in finished(marks, spec):
-            assert time.monotonic() < deadline, "the job did not finish"
-            holder = job.holder()
-            if first.id in finished(marks, spec):
-                break  # released just now, as it should be
-            assert holder == first.id
-            checks += 1
-            if not reused and time.monotonic() - dispatched > 2 * SHORT_LEASE_S:
-                again = job.dispatch()
-                assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
-                reused += 1
-            time.sleep(0.2)
-        assert reused == 1
-        assert checks > 0
-        eventually(lambda: job.holder() is None, what="the key to be released")
-
-
 def test_a_killed_pool_child_frees_its_jobs_key_at_once(
     make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
 ) -> None:
@@ -143,3 +113,28 @@ def test_a_killed_pool_child_frees_its_jobs_key_at_once(
         assert second.disposition is Disposition.CREATED
         eventually(lambda: second.id in finished(marks, spec), what="the next job to run")
     assert finished(marks, spec) == [second.id]
+
+
+def test_acks_late_job_of_a_killed_pool_child_keeps_its_key_and_runs_again(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """acks_late: a killed child's job is requeued and rerun; its key is held until it ends."""
+    spec = make_spec(acks_late=True, lease_s=LONG_LEASE_S)
+    worker = start_worker(spec)
+    with one_key(spec, "requeued") as job:
+        # Hangs on its first run (until its child is killed), takes a moment when run again.
+        first = job.dispatch(first_hold_s=120, hold_s=SHORT_LEASE_S)
+        [(_, pid, _, _)] = eventually(lambda: starts(marks, spec), what="the job to start")
+        os.kill(pid, signal.SIGKILL)
+
+        eventually(lambda: len(starts(marks, spec)) == 2, what="the job to run again")
+        assert job.holder() == first.id, "the loss of the child must not release the key"
+        again = job.dispatch()
+        assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
+        eventually(lambda: first.id in finished(marks, spec), what="the second run to end")
+        eventually(lambda: job.holder() is None, what="the key to be released")
+        assert worker.alive()
+    assert [(job_id, run) for job_id, _, run, _ in starts(marks, spec)] == [
+        (first.id, 1),
+        (first.id, 2),
+    ]

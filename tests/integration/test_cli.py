@@ -181,7 +181,7 @@ def cli_app(
 @pytest.fixture
 def worker(cli_app: CliApp) -> Iterator[Any]:
     """A real worker (solo pool, in a thread) consuming the app module's queue."""
-    with start_worker(cli_app.app, perform_ping_check=False, shutdown_timeout=10) as running:
+    with start_worker(cli_app.app, perform_ping_check=False, shutdown_timeout=30) as running:
         yield running
 
 

@@ -116,3 +116,14 @@ def test_batch_uses_one_store_round_trip(app: Celery, job: Any) -> None:
     store.decide = counting  # type: ignore[method-assign]
     dispatch_many([job.s(i) for i in range(100)])
     assert calls == [100]
+
+
+def test_failed_batch_publish_rolls_every_key_back(app: Celery, job: Any) -> None:
+    """When the broker is unreachable the batch raises and no key stays held."""
+    app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
+    app.conf.broker_connection_timeout = 0.5
+    app.conf.broker_connection_max_retries = 0
+    with pytest.raises(Exception) as caught:
+        dispatch_many([job.s(1).set(retry=False), job.s(2).set(retry=False)])
+    assert not isinstance(caught.value, UniquenessConflict)
+    assert held_keys(app) == []

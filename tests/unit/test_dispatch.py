@@ -319,3 +319,37 @@ def test_missing_store_setting_names_it(published: list[Any]) -> None:
     with pytest.raises(ImproperlyConfigured, match="unique_backend"):
         job.delay()
     assert published == []
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "expected"),
+    [
+        ((1,), {}, {"a": 1, "b": 2, "c": 3}),
+        ((1,), {"c": 5}, {"a": 1, "b": 2, "c": 5}),
+        ((), {"a": 1, "b": 1}, {"a": 1, "b": 1, "c": 3}),
+        ((1, 2, 3), {}, {"a": 1, "b": 2, "c": 3}),
+    ],
+)
+def test_binding_applies_defaults_and_names(args: Any, kwargs: Any, expected: Any) -> None:
+    """Positional and keyword arguments bind by name, with defaults filled in."""
+    from celery_unique.arguments import Binder
+
+    def run(a: int, b: int = 2, c: int = 3) -> None:
+        return None
+
+    assert Binder(run, drop_first=False).bind(args, kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((1, 2, 3, 4), {}), ((1,), {"a": 2}), ((), {}), ((1,), {"zz": 1}), ((), {"b": 1})],
+)
+def test_binding_mismatches_raise_type_error(args: Any, kwargs: Any) -> None:
+    """Too many, doubled, missing or unknown arguments raise TypeError as Python would."""
+    from celery_unique.arguments import Binder
+
+    def run(a: int, b: int = 2, c: int = 3) -> None:
+        return None
+
+    with pytest.raises(TypeError):
+        Binder(run, drop_first=False).bind(args, kwargs)

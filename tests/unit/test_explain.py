@@ -187,12 +187,12 @@ def test_keys_given_per_dispatch_are_explained(app: Celery) -> None:
     assert explanation.active.holder.scope is Scope.EXISTS
 
 
-def test_preset_task_id_already_holding_is_a_resend(app: Celery, report: Any) -> None:
-    """A task id whose keys already point at it would be re-sent, not deduplicated."""
+def test_preset_task_id_already_holding_names_that_job(app: Celery, report: Any) -> None:
+    """A preset task id whose key already points at it is reported as that job, not a new one."""
     first = report.delay(7)
     explanation = explain_dispatch(report, (7,), task_id=first.id)
-    assert explanation.outcome is Verdict.RESENT
-    assert explanation.verdict == f"would re-send job {first.id} (its keys already point at it)"
+    assert explanation.verdict == f"would reuse job {first.id} (active)"
+    assert explanation.job_id == first.id
 
 
 @pytest.mark.parametrize(

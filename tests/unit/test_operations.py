@@ -148,6 +148,8 @@ def test_show_accepts_display_bare_and_storage_spellings(app: Celery) -> None:
     assert [i.job_id for i in operations.show(app, printable)] == ["job-1"]
     assert [i.storage_key for i in operations.show(app, "tenant:7")] == [unscoped]
     assert operations.show(app, "nothing:here") == []
+    elsewhere = keyspace.storage_key("another-namespace", keyspace.ACTIVE, "reports.recalc", "x")
+    assert operations.candidate_storage_keys(runtime(app).namespace, elsewhere) == []
 
 
 def test_show_tries_every_split_of_task_names_with_colons(app: Celery) -> None:

@@ -47,7 +47,7 @@ def celery_config(broker: str, request: pytest.FixtureRequest, redis_url: str) -
 @pytest.fixture
 def celery_worker_parameters() -> Mapping[str, Any]:
     """Skip the ping round trip; shut down quickly."""
-    return {"perform_ping_check": False, "shutdown_timeout": 10}
+    return {"perform_ping_check": False, "shutdown_timeout": 30}
 
 
 @pytest.fixture

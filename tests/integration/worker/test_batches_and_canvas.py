@@ -88,13 +88,23 @@ def test_thousand_item_batch_is_at_most_two_store_round_trips(
     app_store = runtime(celery_app).store
     assert isinstance(app_store, RedisStore)
     commands: list[object] = []
-    send = app_store.client.execute_command
+    pool = app_store.client.connection_pool
+    acquire = pool.get_connection
 
-    def counted(*args: Any, **options: Any) -> Any:
-        commands.append(args[0])  # one command sent, one reply read: one round trip
-        return send(*args, **options)
+    def counting_connection(*args: Any, **options: Any) -> Any:
+        connection = acquire(*args, **options)
+        if not getattr(connection, "_counted", False):
+            send = connection.send_command
 
-    app_store.client.execute_command = counted  # type: ignore[method-assign]
+            def counted(*command: Any, **kwargs: Any) -> Any:
+                commands.append(command[0])  # one request sent, one reply read
+                return send(*command, **kwargs)
+
+            connection.send_command = counted
+            connection._counted = True
+        return connection
+
+    pool.get_connection = counting_connection  # type: ignore[method-assign]
     results = dispatch_many([count.s(i % 500) for i in range(1000)])
     assert 1 <= len(commands) <= 2, commands
     assert sum(r.disposition is Disposition.CREATED for r in results) == 500

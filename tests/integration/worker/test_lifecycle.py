@@ -101,6 +101,7 @@ def test_success_releases_at_the_scope_point(
 
     go(redis_client, "t1")
     assert first.get(timeout=15) == "t1"
+    assert redis_client.get("started:t1") == b"1"
     if scope == "exists":
         held = eventually(lambda: (h := store.get(key)) and h.finished and h, what="retention")
         assert held.job_id == first.id
@@ -109,7 +110,6 @@ def test_success_releases_at_the_scope_point(
     else:
         eventually(lambda: store.get(key) is None, what="release at success")
         assert hold.delay("t1").id != first.id
-    assert redis_client.get("started:t1") == b"1"
 
 
 @pytest.mark.parametrize("scope", SCOPES)
