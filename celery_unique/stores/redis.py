@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.keyspace import split_storage_key
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     Claim,
@@ -122,7 +123,7 @@ class RedisStore(Store):
             active, window = claim.active, claim.window
             args += [
                 claim.job_id,
-                claim.task,
+                _stored_task(claim),
                 position(active.key if active else None),
                 SCOPE_CHARS[active.scope] if active else "",
                 "" if active is None or active.lease_ms is None else active.lease_ms,
@@ -254,8 +255,20 @@ def _decision(reply: Sequence[bytes | str]) -> Decision:
     )
 
 
+def _stored_task(claim: Claim) -> str:
+    """The task name to store, or "" when every key of the claim already names it.
+
+    Keys scoped to their task carry its name; repeating it in the value would
+    cost each key that many bytes of Redis memory.
+    """
+    if all(split_storage_key(key)[2] == claim.task for key in claim_keys(claim)):
+        return ""
+    return claim.task
+
+
 def _held(key: str, value: bytes, ttl: int) -> HeldKey:
     kind, finished, job_id, task, fingerprint, policy = value.decode().split(_US)
+    task = task or split_storage_key(key)[2]
     is_window = kind == "w"
     return HeldKey(
         key=key,

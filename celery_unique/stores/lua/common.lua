@@ -10,7 +10,8 @@
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
 --   job_id    the job the key points at
---   task      the task name of the dispatch that wrote the key
+--   task      the task name of the dispatch that wrote the key; "" when the key is
+--             scoped to that task already (the name is in the key)
 --   fp        window keys: request fingerprint digest; else ""
 --   policy    window keys: retry/time-limit settings digest; else ""
 -- Expiry is the key's own TTL, so time is always the server's clock.
