@@ -66,7 +66,6 @@ from celery_unique.stores.base import (
     Decision,
     HeldKey,
     KeyKind,
-    Store,
     StoreStats,
 )
 
@@ -148,7 +147,7 @@ def _slices(items: Sequence[T]) -> Iterator[Sequence[T]]:
         yield items[start : start + _SLICE]
 
 
-class DjangoStore(Store):
+class DjangoStore(_records.RecordStore):
     """Keys in the ``celery_unique_key`` table of the Django database ``alias``."""
 
     def __init__(self, alias: str = DEFAULT_DB_ALIAS, *, sweep_every_s: float = 30.0) -> None:
@@ -385,21 +384,6 @@ class DjangoStore(Store):
             return len(writes)
 
         return self._run(work, atomic=True) if changes else 0
-
-    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
-        return bool(self._change([(key, _records.releasing(job_id, keep_ms))]))
-
-    def rollback(self, claim: Claim) -> None:
-        self._change(
-            [(key, _records.rolling_back(claim, key)) for key in _records.claim_keys(claim)]
-        )
-
-    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        change = _records.renewing(job_id, lease_ms)
-        return self._change([(key, change) for key in keys])
-
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        return bool(self._change([(key, _records.forgetting(job_id))]))
 
     def get(self, key: str) -> HeldKey | None:
         from django_integration.models import DatabaseNowMs, key_hash

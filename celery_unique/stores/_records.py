@@ -9,6 +9,7 @@ contract suite holds both to one behaviour.
 from __future__ import annotations
 
 import enum
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -18,6 +19,7 @@ from celery_unique.stores.base import (
     HeldKey,
     KeyKind,
     Scope,
+    Store,
     Verdict,
 )
 
@@ -224,3 +226,32 @@ def forgetting(job_id: str | None) -> Change:
         return None
 
     return change
+
+
+class RecordStore(Store):
+    """A store that runs the rules above in Python: it only has to apply changes atomically.
+
+    Subclasses implement :meth:`_change` (read the named records, apply each
+    change, write the results, all in one atomic step) plus ``decide``,
+    ``get``, ``scan`` and ``ping``; releasing, rolling back, renewing and
+    deleting are the same compare-and-set changes everywhere.
+    """
+
+    @abstractmethod
+    def _change(self, changes: Sequence[tuple[str, Change]]) -> int:
+        """Apply ``changes`` atomically; return how many records changed."""
+
+    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
+        return bool(self._change([(key, releasing(job_id, keep_ms))]))
+
+    def rollback(self, claim: Claim) -> None:
+        self._change([(key, rolling_back(claim, key)) for key in claim_keys(claim)])
+
+    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
+        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+
+    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
+        return self._change([(key, renewing(job_id, lease_ms)) for job_id, key in holds])
+
+    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+        return bool(self._change([(key, forgetting(job_id))]))

@@ -11,14 +11,14 @@ import time
 from collections.abc import Iterator, Sequence
 
 from celery_unique.stores import _records
-from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, Store
+from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind
 
 
 def _now() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-class MemoryStore(Store):
+class MemoryStore(_records.RecordStore):
     """Keys in a dict guarded by a lock."""
 
     def __init__(self) -> None:
@@ -38,24 +38,6 @@ class MemoryStore(Store):
             self._apply(writes)
             return decisions
 
-    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
-        with self._lock:
-            return self._change(key, _records.releasing(job_id, keep_ms))
-
-    def rollback(self, claim: Claim) -> None:
-        with self._lock:
-            for key in _records.claim_keys(claim):
-                self._change(key, _records.rolling_back(claim, key))
-
-    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        return self.renew_many([(job_id, key) for key in keys], lease_ms)
-
-    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
-        with self._lock:
-            return sum(
-                self._change(key, _records.renewing(job_id, lease_ms)) for job_id, key in holds
-            )
-
     def get(self, key: str) -> HeldKey | None:
         now = _now()
         record = self._records.get(key)
@@ -68,10 +50,6 @@ class MemoryStore(Store):
         for key, record in sorted(items):
             if key.startswith(prefix) and record.alive(now) and kind in (None, record.kind):
                 yield record.held(key, now)
-
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        with self._lock:
-            return self._change(key, _records.forgetting(job_id))
 
     def ping(self) -> None:
         return None
@@ -88,9 +66,12 @@ class MemoryStore(Store):
             else:
                 self._records[key] = record
 
-    def _change(self, key: str, change: _records.Change) -> bool:
-        result = change(self._records.get(key), _now())
-        if result is _records.UNCHANGED:
-            return False
-        self._apply({key: result})
-        return True
+    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> int:
+        with self._lock:
+            now, changed = _now(), 0
+            for key, change in changes:
+                result = change(self._records.get(key), now)
+                if result is not _records.UNCHANGED:
+                    self._apply({key: result})
+                    changed += 1
+            return changed

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores import _records
-from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, Scope, Store
+from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, Scope
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS celery_unique_keys (
@@ -59,7 +59,7 @@ def _record(row: Row) -> _records.Record:
     )
 
 
-class SQLiteStore(Store):
+class SQLiteStore(_records.RecordStore):
     """Keys in a SQLite database file (``sqlite:///relative.db``, ``sqlite:////abs/path.db``)."""
 
     def __init__(self, path: str | os.PathLike[str], *, timeout_s: float = 30.0) -> None:
@@ -190,20 +190,6 @@ class SQLiteStore(Store):
             self._write(conn, writes)
             return len(writes)
 
-    def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
-        return bool(self._change([(key, _records.releasing(job_id, keep_ms))]))
-
-    def rollback(self, claim: Claim) -> None:
-        self._change(
-            [(key, _records.rolling_back(claim, key)) for key in _records.claim_keys(claim)]
-        )
-
-    def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        return self.renew_many([(job_id, key) for key in keys], lease_ms)
-
-    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
-        return self._change([(key, _records.renewing(job_id, lease_ms)) for job_id, key in holds])
-
     def get(self, key: str) -> HeldKey | None:
         with self._transaction() as conn:
             record = self._read(conn, [key]).get(key)
@@ -230,9 +216,6 @@ class SQLiteStore(Store):
             record = _record(row)
             if kind in (None, record.kind):
                 yield record.held(row[0], now)
-
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        return bool(self._change([(key, _records.forgetting(job_id))]))
 
     def ping(self) -> None:
         with self._lock:

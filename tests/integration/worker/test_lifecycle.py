@@ -64,6 +64,14 @@ def go(redis_client: Any, tag: str, attempt: int = 0) -> None:
     redis_client.set(f"go:{tag}:{attempt}", 1)
 
 
+def expect_final(store: RedisStore, key: str, scope: str, event: str) -> None:
+    """After the job's end: an exists key is kept (finished), any other key is freed."""
+    if scope == "exists":
+        eventually(lambda: (h := store.get(key)) and h.finished, what=f"retention after {event}")
+    else:
+        eventually(lambda: store.get(key) is None, what=f"release after {event}")
+
+
 def expect_held_by(store: RedisStore, key: str, job_id: str) -> None:
     held = store.get(key)
     assert held is not None, f"{key!r} should be held by {job_id}"
@@ -139,10 +147,8 @@ def test_retry_keeps_or_leaves_the_key_and_final_failure_releases(
     go(redis_client, "r1", 1)
     with pytest.raises(MaxRetriesExceededError):
         job.get(timeout=15)
-    if scope == "exists":
-        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after failure")
-    elif scope == "active":
-        eventually(lambda: store.get(key) is None, what="release after final failure")
+    if scope != "queued":
+        expect_final(store, key, scope, "final failure")
 
 
 @pytest.mark.parametrize("scope", SCOPES)
@@ -167,10 +173,7 @@ def test_revoke_before_start_releases(
     expect_held_by(store, key, job.id)
     time.sleep(1.0)  # let the worker receive it and park it until its ETA
     job.revoke()
-    if scope == "exists":
-        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after revoke")
-    else:
-        eventually(lambda: store.get(key) is None, what="release after revoke")
+    expect_final(store, key, scope, "revoke")
     assert not redis_client.exists("started:v1")
 
 
@@ -190,10 +193,7 @@ def test_expired_job_releases(
 
     job = hold.apply_async(("e1",), countdown=1.5, expires=0.5)
     expect_held_by(store, key, job.id)
-    if scope == "exists":
-        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after expiry")
-    else:
-        eventually(lambda: store.get(key) is None, what="release after expiry")
+    expect_final(store, key, scope, "expiry")
     assert not redis_client.exists("started:e1")
 
 
@@ -215,10 +215,7 @@ def test_reject_releases(
     eventually(lambda: started(redis_client, "j1"), what="the job to start")
     expect_held_by(store, key, job.id)
     go(redis_client, "j1")
-    if scope == "exists":
-        eventually(lambda: (h := store.get(key)) and h.finished, what="retention after reject")
-    else:
-        eventually(lambda: store.get(key) is None, what="release after reject")
+    expect_final(store, key, scope, "reject")
 
 
 def test_unknown_task_releases(
