@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -49,6 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER_START_S = 60.0
 #: How long a redis-server may take to accept connections.
 SERVER_START_S = 15.0
+_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -64,9 +66,25 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "con
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
+    """A free port below the ephemeral range.
+
+    A server stopped and started again reuses its port; in between, an outgoing
+    connection of any process could be given a port of the ephemeral range,
+    and the server could not come back.
+    """
+    try:
+        low = int(_PORT_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(100):
+        port = random.randrange(max(1024, low - 10_000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((HOST, port))
+            except OSError:
+                continue
+            return port
+    pytest.fail("no free port below the ephemeral range")
 
 
 def _accepts(port: int) -> bool:

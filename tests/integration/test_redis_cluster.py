@@ -7,6 +7,7 @@ suite failing would show a layout mistake at once.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -23,13 +24,43 @@ from tests.contract import test_store_contract as contract
 
 
 def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
+    """Free ports below the ephemeral range: no outgoing connection can take one meanwhile."""
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < count:
+        port = rng.randrange(20_000, 30_000)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
     return ports
+
+
+def _cli(port: int, *args: str) -> str:
+    command = ["redis-cli", "-p", str(port), *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
+
+
+def _start_node(port: int, folder: Path) -> subprocess.Popen[bytes]:
+    folder.mkdir()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+         "--save", "", "--appendonly", "no", "--logfile", "redis.log"],
+        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while _cli(port, "ping").strip() != "PONG":
+        if server.poll() is not None or time.monotonic() > deadline:
+            log = folder / "redis.log"
+            detail = log.read_text() if log.exists() else "(no log)"
+            server.kill()
+            pytest.fail(f"redis-server on port {port} did not start:\n{detail}")
+        time.sleep(0.05)
+    return server
 
 
 @pytest.fixture(scope="module")
@@ -42,67 +73,15 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip(message)
     root: Path = tmp_path_factory.mktemp("cluster")
     ports = _free_ports(3)
-    servers = []
-    for port in ports:
-        node = root / str(port)
-        node.mkdir()
-        servers.append(
-            subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                ],
-                cwd=node,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+    servers: list[subprocess.Popen[bytes]] = []
     try:
         for port in ports:
-            deadline = time.monotonic() + 10
-            while (
-                subprocess.run(
-                    ["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True
-                ).stdout.strip()
-                != "PONG"
-            ):
-                assert time.monotonic() < deadline, f"redis-server on {port} did not start"
-                time.sleep(0.05)
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *(f"127.0.0.1:{p}" for p in ports),
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=30,
-        )
-        deadline = time.monotonic() + 15
-        while (
-            "cluster_state:ok"
-            not in subprocess.run(
-                ["redis-cli", "-p", str(ports[0]), "cluster", "info"],
-                capture_output=True,
-                text=True,
-            ).stdout
-        ):
-            assert time.monotonic() < deadline, "cluster did not become ready"
+            servers.append(_start_node(port, root / str(port)))
+        nodes = [f"127.0.0.1:{port}" for port in ports]
+        _cli(ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes")
+        deadline = time.monotonic() + 20
+        while "cluster_state:ok" not in _cli(ports[0], "cluster", "info"):
+            assert time.monotonic() < deadline, "the cluster did not become ready"
             time.sleep(0.1)
         yield f"redis+cluster://127.0.0.1:{ports[0]}/"
     finally:
