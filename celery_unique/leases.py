@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -42,12 +43,22 @@ def held_by_worker(requests: Iterable[Any]) -> list[tuple[str, str]]:
     return holds
 
 
+#: Every request received in this process, held weakly: the worker drops its last
+#: reference when the job is done. This covers jobs in none of Celery's own sets
+#: (waiting for a rate-limit token, for instance).
+_received: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _worker_requests() -> list[Any]:
-    """Requests this worker has received and not finished (main process only)."""
+    """Requests this worker has received and not finished (main process only).
+
+    A finished request still referenced somewhere is harmless here: renewing a
+    released or finished key changes nothing.
+    """
     from celery.worker import state
 
     requests: list[Any] = []
-    for tracked in (state.reserved_requests, state.active_requests):
+    for tracked in (_received, state.reserved_requests, state.active_requests):
         # The consumer adds and removes entries while we read: copy, retrying.
         for _ in range(3):
             try:
@@ -108,6 +119,7 @@ def ensure_renewer(app: Celery) -> None:
 def _on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None) or getattr(request, "app", None)
     if app is not None and read_header(request) is not None:
+        _received.add(request)
         ensure_renewer(app)
 
 

@@ -57,12 +57,6 @@ def test_a_live_worker_renews_the_key_of_a_job_longer_than_its_lease(
         eventually(lambda: job.holder() is None, what="the key to be released")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="leases._worker_requests reads only state.reserved_requests and "
-    "active_requests; a received job waiting in its task's rate-limit bucket is in "
-    "neither, so its key is not renewed and lapses on a live worker",
-)
 def test_a_received_job_waiting_for_its_rate_limit_keeps_its_key(
     make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
 ) -> None:
