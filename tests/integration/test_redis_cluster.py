@@ -23,18 +23,26 @@ from tests.conftest import in_ci
 from tests.contract import test_store_contract as contract
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _free_ports(count: int) -> list[int]:
-    """Free ports below the ephemeral range: no outgoing connection can take one meanwhile."""
+    """Node ports whose cluster-bus port (+10000) is free too, both below the ephemeral range.
+
+    Below 32768 no outgoing connection can take a port between the probe and
+    the server's bind.
+    """
     rng = random.Random()
     ports: list[int] = []
     while len(ports) < count:
-        port = rng.randrange(20_000, 30_000)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        if port not in ports:
+        port = rng.randrange(20_000, 22_700)
+        if port not in ports and _bindable(port) and _bindable(port + 10_000):
             ports.append(port)
     return ports
 
