@@ -64,6 +64,8 @@ class DeferredProducer:
         """Read the decision; raise :class:`NotPublished` unless the job is to be published."""
         if self.resolved:
             return
+        # Resolved once, whatever happens: an answer cannot be read twice.
+        self.resolved = True
         try:
             self.decision = self._pending.wait()[0]
         except BackendUnavailable as error:
@@ -71,7 +73,6 @@ class DeferredProducer:
                 raise
         else:
             store_answered(self._rt)
-        self.resolved = True
         if self.decision is not None and not self.decision.verdict.publishes:
             raise NotPublished
 

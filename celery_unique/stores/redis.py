@@ -199,6 +199,7 @@ class _PendingScript(PendingDecisions):
     ) -> None:
         self.store, self.claims, self.keys, self.args = store, claims, keys, args
         self.decisions: list[Decision] | None = None
+        self.failure: BaseException | None = None
         self.pool = pool
         script = store._scripts["decide"]
         try:
@@ -214,6 +215,16 @@ class _PendingScript(PendingDecisions):
     def wait(self) -> list[Decision]:
         if self.decisions is not None:
             return self.decisions
+        if self.failure is not None:
+            raise self.failure  # the connection is gone: never read a reply twice
+        try:
+            self.decisions = self._read()
+        except BaseException as error:
+            self.failure = error
+            raise
+        return self.decisions
+
+    def _read(self) -> list[Decision]:
         redis = self.store._redis
         try:
             try:
@@ -232,8 +243,7 @@ class _PendingScript(PendingDecisions):
             self._drop()
             raise
         self.pool.release(self.connection)
-        self.decisions = self.store._decisions(self.claims, reply)
-        return self.decisions
+        return self.store._decisions(self.claims, reply)
 
     def _drop(self) -> None:
         # A connection with an unread or broken reply must never be reused.

@@ -136,6 +136,15 @@ class RedisServer:
         )
         assert process.poll() is None, f"redis-server on port {self.port} exited"
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing is answered."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """Stop the server with ``sig`` and wait until it is gone."""
         if self.process is None:

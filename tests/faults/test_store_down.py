@@ -53,6 +53,27 @@ def test_store_down_fails_closed_and_publishes_nothing(
         assert queue_length(spec) == queued + 1
 
 
+def test_store_that_stops_answering_fails_closed_with_backend_unavailable(
+    make_spec: Callable[..., Spec], redis_server: Callable[[], RedisServer]
+) -> None:
+    """A store frozen while asked: the dispatch raises backend_unavailable and queues nothing."""
+    store = redis_server()
+    spec = make_spec(store_url=f"{store.url()}?socket_timeout=0.5")
+    with producer(spec) as app:
+        job = task_of(app)
+        # Opens the pooled connection: the next request is sent, and its answer awaited.
+        job.apply_async(unique_key="warm-up")
+        queued = queue_length(spec)
+        store.pause()
+        try:
+            with pytest.raises(BackendUnavailable) as caught:
+                job.apply_async(unique_key="k")
+        finally:
+            store.resume()
+        assert caught.value.code == "backend_unavailable"
+        assert queue_length(spec) == queued
+
+
 def unique_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     """Warnings and errors celery_unique logged since the last ``caplog.clear()``."""
     return [
