@@ -7,12 +7,13 @@ wait or run.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, signals
 from celery.exceptions import MaxRetriesExceededError, Reject
 from celery.worker import WorkController
 
@@ -169,11 +170,29 @@ def test_revoke_before_start_releases(
     celery_worker.reload()
     key = active_key(hold.name, "tag:v1")
 
-    job = hold.apply_async(("v1",), countdown=3)
-    expect_held_by(store, key, job.id)
-    time.sleep(1.0)  # let the worker receive it and park it until its ETA
-    job.revoke()
-    expect_final(store, key, scope, "revoke")
+    received = threading.Event()
+
+    def on_received(request: Any = None, **_: Any) -> None:
+        if request is not None and request.id == job.id:
+            received.set()
+
+    signals.task_received.connect(on_received, weak=False)
+    try:
+        job = hold.apply_async(("v1",), countdown=4)
+        expect_held_by(store, key, job.id)
+        assert received.wait(10), "the worker never received the job"
+
+        def revoked() -> bool:
+            # A revoke is a broadcast; repeating it is harmless and covers one
+            # that reached the worker before its control consumer listened.
+            job.revoke()
+            time.sleep(0.5)
+            held = store.get(key)
+            return held is None if scope != "exists" else bool(held and held.finished)
+
+        eventually(revoked, what=f"the key's end after revoke ({scope})")
+    finally:
+        signals.task_received.disconnect(on_received)
     assert not redis_client.exists("started:v1")
 
 
