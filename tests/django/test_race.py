@@ -8,7 +8,6 @@ and dispatch through ``apply_async``; a barrier releases them together.
 
 from __future__ import annotations
 
-import multiprocessing
 import uuid
 from collections import Counter
 from typing import Any
@@ -20,6 +19,7 @@ from celery_unique import keyspace
 from celery_unique.stores import open_store
 from tests.django._race_child import Race, Report, run
 from tests.django.conftest import database_params, require_database
+from tests.spawned import run_in_processes
 
 PROCESSES = 8
 ROUNDS = 25
@@ -31,25 +31,7 @@ def race(kind: str, alias: str) -> tuple[Race, list[Report]]:
     databases = {"default": dict(connections["default"].settings_dict)}
     databases[alias] = dict(connections[alias].settings_dict)
     spec = Race(kind, alias, databases, f"race-{uuid.uuid4().hex[:12]}", ROUNDS)
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(PROCESSES)
-    results = context.Queue()
-    children = [
-        context.Process(target=run, args=(spec, child, barrier, results), daemon=True)
-        for child in range(PROCESSES)
-    ]
-    for process in children:
-        process.start()
-    try:
-        reports: list[Report] = [results.get(timeout=RACE_TIMEOUT_S) for _ in children]
-    finally:
-        for process in children:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
-        results.join_thread()
+    reports: list[Report] = run_in_processes(run, spec, PROCESSES, RACE_TIMEOUT_S)
     errors = [f"child {report.child}:\n{report.error}" for report in reports if report.error]
     assert not errors, "\n".join(errors)
     return spec, reports

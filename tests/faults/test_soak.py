@@ -14,7 +14,6 @@ finished, so each created job is exactly one holding period of its key.
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from celery_unique import keyspace
+from tests.spawned import run_in_processes
 
 from ._apps import Spec
 from ._soak import Report, Soak, produce, scope_of
@@ -39,25 +39,7 @@ DRAIN_TIMEOUT_S = 120.0
 
 
 def run_producers(soak: Soak) -> list[Report]:
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(PRODUCERS)
-    results = context.Queue()
-    children = [
-        context.Process(target=produce, args=(soak, index, barrier, results), daemon=True)
-        for index in range(PRODUCERS)
-    ]
-    for child in children:
-        child.start()
-    try:
-        reports = [results.get(timeout=PRODUCE_TIMEOUT_S) for _ in children]
-    finally:
-        for child in children:
-            child.join(timeout=10)
-            if child.is_alive():
-                child.kill()
-                child.join()
-        results.close()
-        results.join_thread()
+    reports: list[Report] = run_in_processes(produce, soak, PRODUCERS, PRODUCE_TIMEOUT_S)
     errors = [f"producer {r.producer}:\n{r.error}" for r in reports if r.error]
     assert not errors, "\n".join(errors)
     return reports

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import multiprocessing
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ import redis
 
 from tests.conftest import fresh_queue_name
 from tests.integration._race_worker import Outcome, Race, payload_of, run
+from tests.spawned import run_in_processes
 
 pytestmark = pytest.mark.redis
 
@@ -77,25 +77,7 @@ def race(kind: str, queue: str, store_url: str, rounds: int) -> list[list[Outcom
         namespace=f"race-{uuid.uuid4().hex}",
         rounds=rounds,
     )
-    context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(PROCESSES)
-    results = context.Queue()
-    children = [
-        context.Process(target=run, args=(spec, child, barrier, results), daemon=True)
-        for child in range(PROCESSES)
-    ]
-    for process in children:
-        process.start()
-    try:
-        reports = [results.get(timeout=RACE_TIMEOUT_S) for _ in children]
-    finally:
-        for process in children:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-                process.join()
-        results.close()
-        results.join_thread()
+    reports = run_in_processes(run, spec, PROCESSES, RACE_TIMEOUT_S)
     errors = [f"child {child}:\n{error}" for child, _, error in reports if error]
     assert not errors, "\n".join(errors)
     by_round: list[list[Outcome]] = [[] for _ in range(rounds)]
