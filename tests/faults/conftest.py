@@ -27,7 +27,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -42,6 +41,7 @@ from celery import Celery
 from celery_unique import config as unique_config
 from celery_unique import keyspace
 from celery_unique.stores.redis import RedisStore
+from tests import polling
 from tests.conftest import HOST, fresh_queue_name, in_ci
 from tests.faults._apps import JOB, Spec, plain_app, unique_app
 
@@ -54,15 +54,8 @@ _PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    """``tests.polling.eventually`` with the longer wait fault tests need by default."""
+    return polling.eventually(check, timeout, what)
 
 
 def free_port() -> int:

@@ -7,8 +7,7 @@ RabbitMQ. The store is always Redis db 9 (``redis_url``).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -19,8 +18,11 @@ from celery_unique import keyspace
 from celery_unique.stores.base import HeldKey
 from celery_unique.stores.redis import RedisStore
 from tests.conftest import redis_celery_config
+from tests.polling import eventually
 
 NAMESPACE = "it"
+
+__all__ = ["NAMESPACE", "active_key", "eventually", "holder"]
 
 
 @pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
@@ -74,18 +76,6 @@ def _fresh_runtime(celery_app: Celery) -> Iterator[None]:
 def active_key(task_name: str, key: str) -> str:
     """The storage key of an active key declared on ``task_name``."""
     return keyspace.storage_key(NAMESPACE, keyspace.ACTIVE, task_name, key)
-
-
-def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def holder(store: RedisStore, key: str) -> HeldKey | None:
