@@ -96,27 +96,28 @@ def test_release_is_idempotent(store: Store) -> None:
 def test_retention_keeps_a_finished_key_then_forgets_it(store: Store) -> None:
     """An exists-scope key outlives its job by the retention, then frees itself."""
     decide(store, active("j1", scope=Scope.EXISTS))
-    assert store.release("j1", A, keep_ms=300) is True
+    assert store.release("j1", A, keep_ms=1_000) is True
     held = store.get(A)
     assert held is not None
     assert held.finished
     assert held.expires_in_ms is not None
-    assert held.expires_in_ms <= 300
+    assert held.expires_in_ms <= 1_000
     assert decide(store, active("j2", scope=Scope.EXISTS)).job_id == "j1"
-    time.sleep(0.45)
+    time.sleep(1.2)
     assert decide(store, active("j3", scope=Scope.EXISTS)).verdict is Verdict.CREATED
 
 
 def test_repeated_final_release_does_not_extend_retention(store: Store) -> None:
     """A second final signal does not push the retention further."""
     decide(store, active("j1", scope=Scope.EXISTS))
-    store.release("j1", A, keep_ms=300)
-    time.sleep(0.2)
-    assert store.release("j1", A, keep_ms=300) is False
+    store.release("j1", A, keep_ms=3_000)
+    time.sleep(0.5)
+    assert store.release("j1", A, keep_ms=3_000) is False
     held = store.get(A)
     assert held is not None
     assert held.expires_in_ms is not None
-    assert held.expires_in_ms <= 150
+    # Extended, it would read about 3,000 ms again.
+    assert held.expires_in_ms <= 2_600
 
 
 def test_retention_none_keeps_the_key_without_expiry(store: Store) -> None:
@@ -130,9 +131,9 @@ def test_retention_none_keeps_the_key_without_expiry(store: Store) -> None:
 
 def test_lease_expiry_frees_the_key(store: Store) -> None:
     """A key whose lease runs out without renewal is free again."""
-    decide(store, active("j1", lease=200))
-    assert decide(store, active("j2", lease=200)).job_id == "j1"
-    time.sleep(0.35)
+    decide(store, active("j1", lease=600))
+    assert decide(store, active("j2", lease=600)).job_id == "j1"
+    time.sleep(0.8)
     assert decide(store, active("j3")).verdict is Verdict.CREATED
 
 
@@ -146,10 +147,10 @@ def test_no_lease_means_no_expiry(store: Store) -> None:
 
 def test_renew_pushes_the_lease_of_the_holder_only(store: Store) -> None:
     """Renewal extends only unfinished keys the job still holds."""
-    decide(store, active("j1", lease=200))
+    decide(store, active("j1", lease=600))
     assert store.renew("j1", [A], 5_000) == 1
     assert store.renew("j0", [A], 5_000) == 0
-    time.sleep(0.3)
+    time.sleep(0.8)
     assert decide(store, active("j2")).job_id == "j1"
 
 
@@ -194,11 +195,11 @@ def test_window_policy_difference_is_drift(store: Store) -> None:
 
 def test_window_does_not_slide(store: Store) -> None:
     """Reuse inside the window does not extend it; after it a new job is created."""
-    decide(store, windowed("j1", ms=400))
-    time.sleep(0.25)
-    assert decide(store, windowed("j2", ms=400)).job_id == "j1"
-    time.sleep(0.25)
-    assert decide(store, windowed("j3", ms=400)).verdict is Verdict.CREATED
+    decide(store, windowed("j1", ms=1_000))
+    time.sleep(0.6)
+    assert decide(store, windowed("j2", ms=1_000)).job_id == "j1"
+    time.sleep(0.6)
+    assert decide(store, windowed("j3", ms=1_000)).verdict is Verdict.CREATED
 
 
 def test_window_key_is_not_released(store: Store) -> None:
@@ -349,9 +350,9 @@ def test_keys_are_opaque(store: Store) -> None:
 
 def test_renew_many_renews_each_hold_for_its_own_job(store: Store) -> None:
     """One batch renewal pushes every listed hold and skips holds of other jobs."""
-    decide(store, active("j1", lease=200))
-    decide(store, active("j2", key=B, lease=200))
+    decide(store, active("j1", lease=600))
+    decide(store, active("j2", key=B, lease=600))
     assert store.renew_many([("j1", A), ("j2", B), ("j9", A)], 5_000) == 2
-    time.sleep(0.3)
+    time.sleep(0.8)
     assert decide(store, active("x")).job_id == "j1"
     assert decide(store, active("y", key=B)).job_id == "j2"
