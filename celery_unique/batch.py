@@ -32,6 +32,7 @@ from celery_unique.dispatch import (
     with_header,
 )
 from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
+from celery_unique.publishing import store_answered, tolerate_outage
 from celery_unique.receipt import stamp
 from celery_unique.stores.base import Decision, Verdict
 
@@ -145,12 +146,13 @@ def _decide(items: Sequence[_Item], continue_on_conflict: bool) -> None:
                 [item.plan.claim for item in planned],  # type: ignore[union-attr]
                 all_or_nothing=not continue_on_conflict,
             )
-        except BackendUnavailable:
-            if not rt.fail_open:
+        except BackendUnavailable as outage:
+            if not tolerate_outage(rt, outage):
                 raise
             for item in planned:
                 item.plan = None  # publish without uniqueness, as a single dispatch would
             continue
+        store_answered(rt)
         for item, decision in zip(planned, decisions, strict=True):
             item.decision = decision
     for item in items:

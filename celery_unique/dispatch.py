@@ -36,6 +36,7 @@ from celery_unique.exceptions import (
     CallbacksNotAttached,
     CompositionConflict,
     GroupMemberReused,
+    InvalidWindow,
     KeyMismatch,
     UniquenessConflict,
     UniquenessError,
@@ -252,8 +253,6 @@ def _choose_window(
         )
     window = given if given is not None else declared
     if has_window_key and window is None:
-        from celery_unique.exceptions import InvalidWindow
-
         raise InvalidWindow("unique_window_key needs unique_window: a window has no default")
     return window
 

@@ -127,3 +127,19 @@ def test_failed_batch_publish_rolls_every_key_back(app: Celery, job: Any) -> Non
         dispatch_many([job.s(1).set(retry=False), job.s(2).set(retry=False)])
     assert not isinstance(caught.value, UniquenessConflict)
     assert held_keys(app) == []
+
+
+def test_batch_fails_open_with_one_warning_per_outage(
+    app: Celery, job: Any, published: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With unique_fail_open a batch is published without uniqueness, warned about once."""
+    import logging
+
+    app.conf.unique_backend = "redis://127.0.0.1:1/0"
+    app.conf.unique_fail_open = True
+    with caplog.at_level(logging.WARNING, logger="celery_unique"):
+        first = dispatch_many([job.s(1), job.s(1)])
+        second = dispatch_many([job.s(1)])
+    assert len({r.id for r in first + second}) == 3
+    assert len(published) == 3
+    assert len([r for r in caplog.records if "fail-open" in r.getMessage()]) == 1
