@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -21,8 +22,25 @@ from celery_unique.stores.base import KeyKind, Scope, Verdict
 
 
 def snapshot(app: Celery) -> list[Any]:
-    """Everything the store holds, to prove explain wrote nothing."""
-    return list(runtime(app).store.scan())
+    """Everything the store holds, to prove explain wrote nothing.
+
+    The remaining lifetime counts down between two reads, so it is left out
+    here; `assert_not_extended` checks it separately.
+    """
+    return [dataclasses.replace(held, expires_in_ms=None) for held in runtime(app).store.scan()]
+
+
+def remaining_ms(app: Celery) -> list[int | None]:
+    return [held.expires_in_ms for held in runtime(app).store.scan()]
+
+
+def assert_not_extended(before: list[int | None], after: list[int | None]) -> None:
+    """A read that renewed a key would push its remaining lifetime back up."""
+    assert len(before) == len(after)
+    for earlier, later in zip(before, after, strict=True):
+        assert earlier is not None
+        assert later is not None
+        assert later <= earlier
 
 
 @pytest.fixture
@@ -86,7 +104,7 @@ def test_free_key_would_create_and_nothing_is_written(
 def test_held_key_would_reuse_its_job(app: Celery, report: Any, published: list[Any]) -> None:
     """While the key is held, explain names the job the dispatch would hand back."""
     first = report.delay(7)
-    before = snapshot(app)
+    before, lifetimes = snapshot(app), remaining_ms(app)
     explanation = explain(report, tenant=7, detail="short")
     assert explanation.verdict == f"would reuse job {first.id} (active)"
     assert not explanation.would_create
@@ -99,6 +117,7 @@ def test_held_key_would_reuse_its_job(app: Celery, report: Any, published: list[
         True,
     )
     assert snapshot(app) == before
+    assert_not_extended(lifetimes, remaining_ms(app))
     assert len(published) == 1
     assert report.delay(7).id == first.id
 
