@@ -9,6 +9,7 @@ settings are kept apart, in the policy digest: a difference there is drift
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -63,19 +64,39 @@ def request_fingerprint(
         # countdown=0 and no countdown both mean "start now".
         "start": {"eta": _when(options.get("eta")), "countdown": options.get("countdown") or None},
         "keys": dict(keys),
-        # Headers and callbacks may hold any serializable value: hash them in
-        # the form the broker will carry.
-        "extra": json_payload(
-            {"headers": dict(headers or {}), "link": link, "link_error": link_error}
-        ),
+        "extra": _extra(headers, link, link_error),
     }
     return canonical_digest(document)[:FINGERPRINT_HEX]
 
 
+#: What :func:`_extra` returns for most dispatches, worked out once.
+_NO_EXTRA = json_payload({"headers": {}, "link": None, "link_error": None})
+
+
+def _extra(headers: Mapping[str, Any] | None, link: Any, link_error: Any) -> dict[str, Any]:
+    if not headers and link is None and link_error is None:
+        return _NO_EXTRA
+    # Headers and callbacks may hold any serializable value: hash them in the
+    # form the broker will carry.
+    return json_payload({"headers": dict(headers or {}), "link": link, "link_error": link_error})
+
+
 def policy_digest(task: Any, options: Mapping[str, Any]) -> str:
     """Digest of retry, time-limit and expiry settings: differences are drift only."""
-    document = {
-        name: _when(options[name]) if options.get(name) is not None else getattr(task, name, None)
+    settings = tuple(
+        _when(options[name]) if options.get(name) is not None else getattr(task, name, None)
         for name in _TASK_POLICY
-    }
+    )
+    # Types are part of the cache key: True == 1 == 1.0, but they digest apart.
+    typed = tuple((type(value), value) for value in settings)
+    try:
+        return _policy_digest(typed)
+    except TypeError:  # an unhashable setting (a list, say)
+        return _policy_digest.__wrapped__(typed)
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_digest(typed: tuple[tuple[type, Any], ...]) -> str:
+    # Settings rarely change, so a task's digest is worked out once, not per dispatch.
+    document = {name: value for name, (_, value) in zip(_TASK_POLICY, typed, strict=True)}
     return canonical_digest(json_payload(document))[:POLICY_HEX]

@@ -247,6 +247,9 @@ def test_reap_frees_only_keys_of_jobs_that_ended(cli_app: CliApp, worker: Any) -
     orphan_key = cli_app.storage_key("a", "cli.report", "tenant:1")
     pending_key = cli_app.storage_key("a", "cli.report", "tenant:2")
     pending_job = job_uuid()  # never sent: the result backend knows nothing of it
+    # The worker frees the key just after it stores the result; let it, or its
+    # compare-and-delete would take away the key put back below.
+    eventually(lambda: cli_app.store.get(orphan_key) is None, what="the worker's release")
     for job_id, key in ((finished.id, orphan_key), (pending_job, pending_key)):
         cli_app.store.decide(
             [Claim(job_id, "cli.report", active=ActiveClaim(key, Scope.ACTIVE, None))]

@@ -7,9 +7,12 @@
 --   active key index into KEYS (0: none), scope char (q|a|e), lease ms ("" none),
 --   window key index (0: none), window ms, fingerprint, policy,
 --   handoff_from ("" none)
--- Returns: one array per claim: {verdict, job_id, drift "1"|"0", conflicting ids...}
+-- Returns: one string, a result per claim decided, results joined by 0x1E, each
+--   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", conflicting ids...
 --   verdict: "created" | "reused_active" | "reused_window"
 --            | "conflict" | "composition_conflict"
+--   (One bulk string instead of nested arrays: a client parses it in one step,
+--   which matters for a batch of a thousand.)
 
 local all_or_nothing = ARGV[1] == "1"
 local count = tonumber(ARGV[2])
@@ -74,7 +77,7 @@ for i = 0, count - 1 do
     for _, w in ipairs(pending) do write(w[1], w[2], w[3]) end
   end
 
-  results[#results + 1] = result
+  results[#results + 1] = table.concat(result, US)
   if result[1] == "conflict" or result[1] == "composition_conflict" then
     failed = true
     if all_or_nothing then break end
@@ -84,4 +87,4 @@ end
 if not (failed and all_or_nothing) then
   for _, w in ipairs(writes) do put(w[1], encode(w[2]), w[3]) end
 end
-return results
+return table.concat(results, "\30")

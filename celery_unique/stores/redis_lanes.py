@@ -1,0 +1,75 @@
+"""A connection per dispatching thread for the decide script, outside redis-py's pool.
+
+Taking a connection from redis-py's pool and giving it back (locking, pool
+bookkeeping, instrumentation) costs more CPU per dispatch than the decide
+script itself costs the server. A thread has one decision in flight at a
+time, so it can keep one connection of its own. The rare nested decision (a
+dispatch made while another one's reply is still unread, e.g. from a routing
+function) finds the lane busy and goes through the pool instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+
+class Lane:
+    """One thread's connection, and whether a reply on it is still unread."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.pid = os.getpid()
+        self.busy = False
+
+
+class Lanes:
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        import redis
+
+        self._socket_errors: tuple[type[BaseException], ...] = (
+            OSError,
+            redis.ConnectionError,
+            redis.TimeoutError,
+        )
+        self._local = threading.local()
+        # Every lane's connection, so that close() reaches other threads' too.
+        self._connections: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @staticmethod
+    def suits(pool: Any) -> bool:
+        """Plain pools only: Sentinel's and caching pools wrap their connections."""
+        from redis import BlockingConnectionPool, ConnectionPool
+
+        return type(pool) in (ConnectionPool, BlockingConnectionPool) and (
+            getattr(pool, "cache", None) is None
+        )
+
+    def take(self) -> Lane | None:
+        """This thread's lane, marked busy; ``None`` when it is busy already."""
+        lane: Lane | None = getattr(self._local, "lane", None)
+        if lane is None or lane.pid != os.getpid():
+            # After a fork the parent's socket is not ours to use (nor to close).
+            connection = self._pool.connection_class(**self._pool.connection_kwargs)
+            lane = self._local.lane = Lane(connection)
+            self._connections.add(connection)
+        if lane.busy:
+            return None
+        connection = lane.connection
+        # As the pool does before lending a connection: a socket with something
+        # to read is either out of step or closed by the server; start afresh.
+        try:
+            stale = connection._sock is not None and connection.can_read()
+        except self._socket_errors:
+            stale = True
+        if stale:
+            connection.disconnect()
+        lane.busy = True
+        return lane
+
+    def close(self) -> None:
+        for connection in list(self._connections):
+            connection.disconnect()

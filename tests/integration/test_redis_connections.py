@@ -1,0 +1,123 @@
+"""The Redis store's decide path: its own connection per thread, and what happens to it.
+
+Decisions normally travel on a connection the dispatching thread keeps for
+itself; these tests pin down the cases where that could go wrong on a real
+Redis: a second decision while the first reply is unread, a server that drops
+the connection, another thread, a forked child, and ``close()``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from celery_unique.stores.base import ActiveClaim, Claim, Scope, Verdict
+from celery_unique.stores.redis import RedisStore
+
+pytestmark = pytest.mark.redis
+
+
+def claim(key: str) -> Claim:
+    return Claim(
+        str(uuid.uuid4()),
+        "conn.task",
+        ActiveClaim(f"unique:v1:{{conn}}:a:conn.task\x1f{key}", Scope.QUEUED, 60_000),
+    )
+
+
+@pytest.fixture
+def store(redis_client: Any, redis_url: str) -> Iterator[RedisStore]:
+    built = RedisStore.from_url(redis_url)
+    try:
+        yield built
+    finally:
+        built.close()
+
+
+def client_count(redis_client: Any, name: str) -> int:
+    return sum(1 for client in redis_client.client_list() if client.get("name") == name)
+
+
+def test_decisions_of_one_thread_share_one_connection(store: RedisStore) -> None:
+    first = store.decide([claim("a")])[0]
+    connection = store._lanes._local.lane.connection  # type: ignore[union-attr]
+    second = store.decide([claim("b")])[0]
+    assert (first.verdict, second.verdict) == (Verdict.CREATED, Verdict.CREATED)
+    assert store._lanes._local.lane.connection is connection  # type: ignore[union-attr]
+    assert connection._sock is not None
+
+
+def test_a_decision_inside_another_uses_a_pooled_connection(store: RedisStore) -> None:
+    """The outer reply is still unread; the inner one must not be read off the same socket."""
+    outer = store.send_decide([claim("outer")])
+    inner = store.send_decide([claim("inner")]).wait()[0]
+    again = store.send_decide([claim("inner")]).wait()[0]
+    outer_decision = outer.wait()[0]
+    assert outer_decision.verdict is Verdict.CREATED
+    assert inner.verdict is Verdict.CREATED
+    assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, inner.job_id)
+    assert store._lanes._local.lane.busy is False  # type: ignore[union-attr]
+
+
+def test_a_connection_the_server_closed_is_replaced_before_use(
+    store: RedisStore, redis_client: Any
+) -> None:
+    store.decide([claim("before")])
+    connection = store._lanes._local.lane.connection  # type: ignore[union-attr]
+    connection.send_command("CLIENT", "SETNAME", "lane-under-test")
+    assert connection.read_response() in (b"OK", "OK")
+    killed = [c for c in redis_client.client_list() if c.get("name") == "lane-under-test"]
+    assert len(killed) == 1
+    redis_client.execute_command("CLIENT", "KILL", "ID", killed[0]["id"])
+    decision = store.decide([claim("after")])[0]
+    assert decision.verdict is Verdict.CREATED
+    assert client_count(redis_client, "lane-under-test") == 0  # a new connection answered
+
+
+def test_each_thread_decides_on_its_own_connection(store: RedisStore) -> None:
+    seen: list[Any] = []
+    verdicts: list[Verdict] = []
+
+    def decide(key: str) -> None:
+        verdicts.append(store.decide([claim(key)])[0].verdict)
+        seen.append(store._lanes._local.lane.connection)  # type: ignore[union-attr]
+
+    threads = [threading.Thread(target=decide, args=(f"t{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert verdicts == [Verdict.CREATED] * 4
+    assert len({id(connection) for connection in seen}) == 4
+
+
+def _decide_in_child(store: RedisStore, key: str, out: Any) -> None:
+    out.put(store.decide([claim(key)])[0].verdict.value)
+
+
+def test_a_forked_child_opens_its_own_connection(store: RedisStore) -> None:
+    """The parent's socket is never written by the child: both keep working."""
+    store.decide([claim("parent-1")])
+    parent_connection = store._lanes._local.lane.connection  # type: ignore[union-attr]
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_decide_in_child, args=(store, "child", out))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert out.get(timeout=5) == Verdict.CREATED.value
+    assert store.decide([claim("parent-2")])[0].verdict is Verdict.CREATED
+    assert store._lanes._local.lane.connection is parent_connection  # type: ignore[union-attr]
+
+
+def test_close_disconnects_the_thread_connections(store: RedisStore) -> None:
+    store.decide([claim("x")])
+    connection = store._lanes._local.lane.connection  # type: ignore[union-attr]
+    assert connection._sock is not None
+    store.close()
+    assert connection._sock is None
