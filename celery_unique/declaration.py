@@ -81,7 +81,7 @@ class KeySpec:
         if self.literal is not None:
             return self.literal
         if self.payload is not None:
-            return self.payload.digest(payload())
+            return self.payload.digest_decoded(payload())
         assert self.selector is not None
         try:
             key = self.selector(view)

@@ -181,6 +181,17 @@ def test_digest_is_sha256_of_the_bytes(value: Any) -> None:
     assert set(digest) <= set("0123456789abcdef")
 
 
+@given(json_values)
+def test_unchecked_digest_of_json_data_is_the_same_digest(value: Any) -> None:
+    """Skipping the plain-JSON proof never changes what a valid value hashes to."""
+    assert canonical_digest(value, checked=False) == canonical_digest(value)
+
+
+def test_unchecked_digest_still_refuses_what_cannot_be_encoded() -> None:
+    with pytest.raises(InvalidPayload):
+        canonical_digest({"when": object()}, checked=False)
+
+
 def test_version_tag_is_hashed() -> None:
     """The version tag is part of what is hashed, so plain SHA-256 of the JSON differs."""
     assert canonical_digest({"a": 1}) != hashlib.sha256(b'{"a":1}').hexdigest()

@@ -141,6 +141,20 @@ def test_only_matches_the_reference(payload: dict[str, Any], paths: list[Any]) -
     assert spec.digest(payload) == canonical_digest(expected if expected else {})
 
 
+@given(payloads, path_lists, path_lists)
+def test_the_dispatch_paths_digest_is_the_public_one(
+    payload: dict[str, Any], only: list[Any], dropped: list[Any]
+) -> None:
+    """Dispatches hash decoded JSON without re-proving it is JSON; the key is the same."""
+    decoded = json.loads(json.dumps(payload))
+    for spec in (
+        Payload(),
+        Payload(only=[text for _, text in only]),
+        Payload(exclude=[text for _, text in dropped]),
+    ):
+        assert spec.digest_decoded(decoded) == spec.digest(payload)
+
+
 @given(payloads, path_lists)
 def test_exclude_matches_the_reference(payload: dict[str, Any], paths: list[Any]) -> None:
     """``exclude`` hashes exactly the reference payload with the matched parts removed."""
