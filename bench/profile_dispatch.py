@@ -7,7 +7,8 @@ bench/harness.py), each with wall and CPU time (wall minus CPU is waiting):
 
 1. The created path rebuilt one layer at a time (plain publish; + task id and
    header; + planning; + EVALSHA on a raw socket; + redis-py's connection;
-   + redis-py's client, i.e. ``RedisStore.decide``; the library itself), every
+   + ``RedisStore.decide``, answer read at once; the library itself, which
+   reads the answer only when it is about to publish), every
    variant a whole dispatch, timed in interleaved turns: each difference is
    what one layer costs where it really runs.
 2. Steps timed on their own (hot loops): planning pieces, and the store round
@@ -344,8 +345,8 @@ def in_context(bench: harness.Bench, base_url: str, n: int, rounds: int) -> dict
             "C  plan() + publish (no store)": plan_publish,
             "D  C + EVALSHA on a raw socket": raw_store,
             "E  C + EVALSHA via redis-py connection": connection_store,
-            "F  C + RedisStore.decide (redis-py client)": client_store,
-            "G  the library: UniqueTask.apply_async": lambda: selector.apply_async(
+            "F  C + RedisStore.decide (answer read at once)": client_store,
+            "G  the library: UniqueTask.apply_async (overlapped)": lambda: selector.apply_async(
                 (TENANT, fresh())
             ),
         },
