@@ -16,6 +16,11 @@ import weakref
 from typing import Any
 
 
+def green_threads() -> bool:
+    """Whether gevent or eventlet has replaced thread-local storage (monkey-patching)."""
+    return threading.local.__module__ != "_thread"
+
+
 class Lane:
     """One thread's connection, and whether a reply on it is still unread."""
 
@@ -41,11 +46,18 @@ class Lanes:
 
     @staticmethod
     def suits(pool: Any) -> bool:
-        """Plain pools only: Sentinel's and caching pools wrap their connections."""
+        """Plain pools only, in a process whose threads are OS threads.
+
+        Sentinel's and caching pools wrap their connections. Under gevent or
+        eventlet every greenlet is a "thread": thousands of short-lived ones
+        would each open a connection of their own, where the pool shares a few.
+        """
         from redis import BlockingConnectionPool, ConnectionPool
 
-        return type(pool) in (ConnectionPool, BlockingConnectionPool) and (
-            getattr(pool, "cache", None) is None
+        return (
+            type(pool) in (ConnectionPool, BlockingConnectionPool)
+            and getattr(pool, "cache", None) is None
+            and not green_threads()
         )
 
     def take(self) -> Lane | None:

@@ -9,6 +9,7 @@ process that opens the file.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -93,13 +94,30 @@ class SQLiteStore(_records.RecordStore):
                     isolation_level=None,
                     check_same_thread=False,
                 )
-                conn.execute("PRAGMA journal_mode=WAL")
+                self._use_wal(conn)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
             except (sqlite3.Error, OSError) as exc:
                 raise BackendUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
             self._conn, self._pid = conn, os.getpid()
         return self._conn
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL, waiting out other processes doing the same.
+
+        Changing the journal mode takes an exclusive lock, and SQLite reports
+        "database is locked" at once, without its busy timeout, while another
+        process opens the same new file: retry until the timeout instead.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(random.uniform(0.001, 0.02))  # apart, not in lockstep
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -229,3 +247,15 @@ class SQLiteStore(_records.RecordStore):
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+#: SQLITE_BUSY and SQLITE_LOCKED (sqlite3.h); the module names them only from Python 3.11.
+_BUSY_CODES = (5, 6)
+
+
+def _busy(error: sqlite3.OperationalError) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return (code & 0xFF) in _BUSY_CODES  # the primary code of an extended one
+    message = str(error)
+    return "locked" in message or "busy" in message

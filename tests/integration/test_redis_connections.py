@@ -121,3 +121,22 @@ def test_close_disconnects_the_thread_connections(store: RedisStore) -> None:
     assert connection._sock is not None
     store.close()
     assert connection._sock is None
+
+
+def test_green_threads_decide_through_the_pool(
+    redis_client: Any, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under gevent/eventlet (thread-local storage replaced) no connection per "thread"."""
+    import _threading_local
+
+    # What monkey-patching does to threading.local, without a green library.
+    monkeypatch.setattr(threading, "local", _threading_local.local)
+    green = RedisStore.from_url(redis_url)
+    try:
+        assert green._lanes is None
+        first = green.decide([claim("green")])[0]
+        again = green.decide([claim("green")])[0]
+        assert first.verdict is Verdict.CREATED
+        assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, first.job_id)
+    finally:
+        green.close()
