@@ -94,9 +94,13 @@ class SQLiteStore(_records.RecordStore):
                     isolation_level=None,
                     check_same_thread=False,
                 )
-                self._use_wal(conn)
-                conn.execute("PRAGMA synchronous=NORMAL")
-                conn.executescript(_SCHEMA)
+                try:
+                    self._use_wal(conn)
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.executescript(_SCHEMA)
+                except BaseException:
+                    conn.close()
+                    raise
             except (sqlite3.Error, OSError) as exc:
                 raise BackendUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
             self._conn, self._pid = conn, os.getpid()
