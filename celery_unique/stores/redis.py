@@ -113,6 +113,9 @@ class RedisStore(Store):
     def _decisions(self, claims: Sequence[Claim], reply: bytes | str) -> list[Decision]:
         text = _text(reply)
         decided = [_decision(result) for result in text.split(_RS)] if text else []
+        # An all-or-nothing batch stops at its first conflict and writes nothing;
+        # the claims after it are padded so that each claim has a decision, and
+        # the caller fails the whole batch on that conflict.
         return decided + [
             Decision(Verdict.CREATED, claim.job_id) for claim in claims[len(decided) :]
         ]
