@@ -49,7 +49,7 @@ from celery_unique.config import runtime
 from celery_unique.headers import HEADER
 from celery_unique.receipt import Disposition, DuplicateMatch, stamp
 from celery_unique.stores.base import Claim, Decision, Verdict
-from celery_unique.stores.redis import SCOPE_CHARS, _decision, script_source
+from celery_unique.stores.redis import SCOPE_CHARS, _decision, _text, script_source
 
 #: Diagnostics, off while timing: how often the answer had already arrived when read.
 PROBE = {"on": 0, "reads": 0, "ready": 0}
@@ -93,7 +93,7 @@ class PendingDecision:
                 reply = self.connection.read_response()
             finally:
                 self.pool.release(self.connection)
-            self.decision = _decision(reply[0])
+            self.decision = first_decision(reply)
         return self.decision
 
     def close(self) -> None:
@@ -145,11 +145,17 @@ def prototype(task: Any, args: tuple[Any, ...], *, overlap: bool) -> Any:
         pending.close()
 
 
+def first_decision(reply: Any) -> Decision:
+    """The first claim's decision in decide.lua's answer (results joined by 0x1E)."""
+    return _decision(_text(reply).split("\x1e")[0])
+
+
 #: decide.lua, plus: a created single claim also LPUSHes the message kombu would have sent
 #: (last KEY: the queue list, last ARGV: the message). Needs broker and store in one db.
-PUSH_SOURCE = (lambda source: source[: source.rindex("return results")] + (
-    'if #results == 1 and results[1][1] == "created" then\n'
-    "  redis.call(\"LPUSH\", KEYS[#KEYS], ARGV[#ARGV])\nend\nreturn results\n"
+_RETURN = 'return table.concat(results, "\\30")'
+PUSH_SOURCE = (lambda source: source[: source.rindex(_RETURN)] + (
+    'if #results == 1 and string.find(results[1], "created", 1, true) == 1 then\n'
+    '  redis.call("LPUSH", KEYS[#KEYS], ARGV[#ARGV])\nend\n' + _RETURN + "\n"
 ))(script_source("decide"))  # fmt: skip
 
 
@@ -197,7 +203,7 @@ def one_trip(task: Any, args: tuple[Any, ...]) -> Any:
             "1", 1, claim.job_id, claim.task, 1, SCOPE_CHARS[active.scope],
             active.lease_ms or "", 0, "", "", "", claim.handoff_from or "", capture.payload,
         )  # fmt: skip
-        decision = _decision(connection.read_response()[0])
+        decision = first_decision(connection.read_response())
     finally:
         pool.release(connection)
     if decision.verdict is Verdict.CREATED:
