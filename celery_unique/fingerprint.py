@@ -86,7 +86,7 @@ def _extra(headers: Mapping[str, Any] | None, link: Any, link_error: Any) -> dic
 
 def policy_digest(task: Any, options: Mapping[str, Any]) -> str:
     """Digest of retry, time-limit and expiry settings: differences are drift only."""
-    settings = tuple(
+    settings = (
         _when(options[name]) if options.get(name) is not None else getattr(task, name, None)
         for name in _TASK_POLICY
     )

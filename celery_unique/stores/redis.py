@@ -66,9 +66,8 @@ class RedisStore(Store):
             name: client.register_script(script_source(name))
             for name in ("decide", "release", "rollback", "renew", "forget")
         }
-        pool = getattr(client, "connection_pool", None)
-        self._pool = pool
-        self._lanes = Lanes(pool) if Lanes.suits(pool) else None
+        self._pool = getattr(client, "connection_pool", None)
+        self._lanes = Lanes(self._pool) if Lanes.suits(self._pool) else None
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -103,7 +102,7 @@ class RedisStore(Store):
             return DecidedAlready(self._decisions(claims, self._call("decide", keys, args)))
         lane = None if self._lanes is None else self._lanes.take()
         if lane is not None:
-            return _PendingScript(self, _Owned(lane), claims, keys, args)
+            return _PendingScript(self, lane, claims, keys, args)
         try:
             borrowed = _Borrowed(self._pool)
         except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
@@ -215,24 +214,13 @@ class _Borrowed:
         self.pool.release(self.connection)
 
 
-class _Owned:
-    """This thread's own connection (see :mod:`redis_lanes`)."""
-
-    def __init__(self, lane: Lane) -> None:
-        self.lane = lane
-        self.connection = lane.connection
-
-    def done(self) -> None:
-        self.lane.busy = False
-
-
 class _PendingScript(PendingDecisions):
     """An EVALSHA of ``decide`` sent, its reply not read yet."""
 
     def __init__(
         self,
         store: RedisStore,
-        source: _Borrowed | _Owned,
+        source: _Borrowed | Lane,
         claims: Sequence[Claim],
         keys: list[str],
         args: list[str | int],

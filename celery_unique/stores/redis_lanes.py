@@ -29,6 +29,10 @@ class Lane:
         self.pid = os.getpid()
         self.busy = False
 
+    def done(self) -> None:
+        """The reply was read (or the connection dropped): the lane is free again."""
+        self.busy = False
+
 
 class Lanes:
     def __init__(self, pool: Any) -> None:
