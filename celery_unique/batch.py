@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from celery import Celery, Task
 from celery.canvas import Signature, maybe_signature
@@ -36,7 +36,8 @@ from celery_unique.publishing import store_answered, tolerate_outage
 from celery_unique.receipt import stamp
 from celery_unique.stores.base import Decision, Verdict
 
-Outcome = AsyncResult[Any] | UniquenessError
+# A string: AsyncResult is subscriptable at run time only from Celery 5.7.
+Outcome = Union["AsyncResult[Any]", UniquenessError]
 
 
 @dataclass
