@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
 
 from kombu.exceptions import EncodeError
 from kombu.utils.json import dumps as kombu_dumps
@@ -61,34 +61,37 @@ class Binder:
         return arguments
 
 
-class ArgumentView(Mapping[str, Any]):
-    """A read-only view of bound arguments: ``job["tenant_id"]`` or ``job.tenant_id``."""
+class ArgumentView(dict[str, Any]):
+    """A read-only view of bound arguments: ``job["tenant_id"]`` or ``job.tenant_id``.
 
-    __slots__ = ("_arguments",)
+    Attribute access names the argument first: a task with a parameter called
+    ``items``, ``keys`` or ``get`` reads it as ``job.items``; the mapping methods
+    stay available under names that are not arguments. It is a ``dict``
+    (refusing every change), so ``dict(job)`` and ``**job`` read the arguments
+    whatever they are called.
+    """
 
-    def __init__(self, arguments: Mapping[str, Any]) -> None:
-        object.__setattr__(self, "_arguments", arguments)
+    __slots__ = ()
 
-    def __getitem__(self, name: str) -> Any:
-        return self._arguments[name]
+    def __getattribute__(self, name: str) -> Any:
+        if not name.startswith("_") and dict.__contains__(self, name):
+            return dict.__getitem__(self, name)
+        return object.__getattribute__(self, name)
 
     def __getattr__(self, name: str) -> Any:
-        try:
-            return self._arguments[name]
-        except KeyError:
-            raise AttributeError(f"the task has no argument {name!r}") from None
+        raise AttributeError(f"the task has no argument {name!r}")
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("task arguments are read-only here")
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._arguments)
+    def _read_only(self, *args: object, **kwargs: object) -> NoReturn:
+        raise TypeError("task arguments are read-only here")
 
-    def __len__(self) -> int:
-        return len(self._arguments)
+    __setitem__ = __delitem__ = __ior__ = _read_only
+    clear = pop = popitem = setdefault = update = _read_only
 
     def __repr__(self) -> str:
-        return f"ArgumentView({dict(self._arguments)!r})"
+        return f"ArgumentView({dict.__repr__(self)})"
 
 
 def json_payload(arguments: Mapping[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ written; a conflict fails the whole batch too unless ``continue_on_conflict``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.dispatch import (
     Plan,
-    decided,
+    as_sent,
     plan,
     reused,
     rollback,
@@ -32,12 +33,15 @@ from celery_unique.dispatch import (
     with_header,
 )
 from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
-from celery_unique.publishing import store_answered, tolerate_outage
+from celery_unique.publishing import Gate, gated, install_gate, store_answered, tolerate_outage
 from celery_unique.receipt import stamp
 from celery_unique.stores.base import Decision, Verdict
 
 # A string: AsyncResult is subscriptable at run time only from Celery 5.7.
 Outcome = Union["AsyncResult[Any]", UniquenessError]
+
+#: kombu's publish batch flushes once it buffered this many transport commands.
+_NO_PARTIAL_FLUSH = 2**31 - 1
 
 
 @dataclass
@@ -111,7 +115,8 @@ def _prepare(index: int, signature: Signature[Any]) -> _Item:
     overrides = take_dispatch_options(options)
     job_id = options.pop("task_id", None) or uuid()
     link, link_error = options.pop("link", None), options.pop("link_error", None)
-    item = _Item(index, task, signature.args, signature.kwargs, options, job_id, link, link_error)
+    args, kwargs = as_sent(task, signature.args, signature.kwargs, options)
+    item = _Item(index, task, args, kwargs, options, job_id, link, link_error)
     declaration = getattr(task, "__unique__", None)
     if declaration is not None and (overrides or declaration.declares_keys):
         item.plan = plan(
@@ -195,12 +200,20 @@ def _publish(items: Sequence[_Item]) -> None:
                 if id(item.app) not in producers:
                     producer = stack.enter_context(item.app.producer_or_acquire())
                     if hasattr(producer, "batch"):  # kombu >= 5.6
-                        pipelined.append(stack.enter_context(producer.batch(len(items))))
+                        # Never flushed part-way (kombu counts transport commands, not
+                        # messages): all of the batch goes out at its end, or none.
+                        pipelined.append(stack.enter_context(producer.batch(_NO_PARTIAL_FLUSH)))
                     producers[id(item.app)] = producer
                 options = item.options
+                gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
                 if item.plan is not None:
                     options = with_header(options, item.plan.header)
-                with decided(item.job_id):
+                    install_gate(item.app)
+                    # Decided already: the gate lets the job out (or, eagerly, run).
+                    gate = gated(
+                        Gate(item.job_id, runtime(item.app), item.plan.header, decision=decision)
+                    )
+                with gate:
                     # Celery's own apply_async: the decision is made already.
                     result = Task.apply_async(
                         item.task,

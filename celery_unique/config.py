@@ -17,6 +17,7 @@ from celery import Celery
 
 from celery_unique.declaration import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
+from celery_unique.keyspace import validate_namespace
 from celery_unique.stores import open_store
 from celery_unique.stores.base import Store
 
@@ -89,7 +90,7 @@ def _build(app: Celery) -> Runtime:
         raise ImproperlyConfigured(str(exc)) from exc
     return Runtime(
         backend_url=_backend_url(app),
-        namespace=str(setting(app, "unique_namespace") or app.main or "celery"),
+        namespace=validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery")),
         fail_open=bool(setting(app, "unique_fail_open")),
         lease_ms=lease_ms or None,
         # Celery reads a result_expires of 0 or None as "never expire".

@@ -28,6 +28,8 @@ from celery_unique.payload import Payload
 from celery_unique.stores.base import Scope
 
 MAX_WINDOW_MS = 3650 * 24 * 3600 * 1000
+#: How far (in ms) a window given as float seconds may be from a whole millisecond: 1 µs.
+WHOLE_MS_TOLERANCE = 1e-3
 
 #: The per-dispatch options, as accepted by ``apply_async`` and ``signature.set``.
 DISPATCH_OPTIONS = (
@@ -121,9 +123,13 @@ def parse_window(value: object) -> int:
         ms = micros // 1000
     else:
         exact = value * 1000
-        if exact != exact or exact in (float("inf"), float("-inf")) or exact != round(exact):
-            raise InvalidWindow(f"unique_window {value!r} s is not a whole number of milliseconds")
+        if exact != exact or exact in (float("inf"), float("-inf")):
+            raise InvalidWindow(f"unique_window {value!r} s is not a number of milliseconds")
         ms = round(exact)
+        # Seconds as a float rarely hit a whole millisecond exactly (1.001 * 1000 is
+        # 1000.9999999999999): within a microsecond of one counts as whole.
+        if abs(exact - ms) > WHOLE_MS_TOLERANCE:
+            raise InvalidWindow(f"unique_window {value!r} s is not a whole number of milliseconds")
     if ms <= 0:
         raise InvalidWindow(f"unique_window must be positive, not {value!r}")
     if ms > MAX_WINDOW_MS:

@@ -40,7 +40,7 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 
 from celery_unique import Payload, UniquenessError, UniqueTask, config, keyspace
-from celery_unique.stores.base import HeldKey
+from celery_unique.stores.base import HeldKey, KeyKind, Scope, Store
 
 #: How long the demo waits for any one thing to happen before it gives up.
 TIMEOUT_S = 10.0
@@ -136,8 +136,9 @@ class Stage:
 
     The tasks call :meth:`checkpoint` first thing; a job whose id was passed to
     :meth:`hold` waits there until :meth:`let_go`. Starts and ends are seen
-    through Celery's ``task_prerun``/``task_postrun`` signals, connected after
-    celery-unique's own handlers, so "finished" means its key was released too.
+    through Celery's ``task_prerun``/``task_postrun`` signals; the worker
+    releases keys a moment later (once the message is acknowledged), which
+    the waits watch in the store.
     """
 
     def __init__(self) -> None:
@@ -170,12 +171,38 @@ class Stage:
         if task_id:
             self._event(self._finished, task_id).set()
 
-    def wait_started(self, job_id: str) -> None:
+    def wait_started(self, job_id: str, store: Store | None = None) -> None:
+        """Wait until the job started (and, with ``store``, its ``queued`` key was released)."""
         self._wait(self._started, job_id, "start")
+        if store is not None:
+            self._settle(
+                store, lambda held: held.job_id == job_id and held.scope is Scope.QUEUED, job_id
+            )
 
-    def wait_finished(self, job_ids: Sequence[str]) -> None:
+    def wait_finished(self, job_ids: Sequence[str], store: Store | None = None) -> None:
+        """Wait until the jobs ran to their end and the worker released what they held.
+
+        The worker releases a job's keys once its message is acknowledged, a
+        moment after the job's last signal: with ``store``, wait for that too.
+        """
         for job_id in job_ids:
             self._wait(self._finished, job_id, "finish")
+        if store is not None:
+            self._settle(
+                store,
+                lambda held: (
+                    held.job_id in job_ids and held.kind is KeyKind.ACTIVE and not held.finished
+                ),
+                ", ".join(job_ids),
+            )
+
+    @staticmethod
+    def _settle(store: Store, held_still: Callable[[HeldKey], bool], jobs: str) -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(held_still(held) for held in store.scan()):
+            if time.monotonic() > deadline:
+                raise DemoError(f"the keys of {jobs} were not released")
+            time.sleep(0.005)
 
     def _wait(self, table: dict[str, threading.Event], job_id: str, what: str) -> None:
         if not self._event(table, job_id).wait(TIMEOUT_S):
@@ -225,8 +252,12 @@ class Demo:
     occupy: Task[Any, Any]
     published: list[str] = field(default_factory=list)
 
+    @property
+    def store(self) -> Store:
+        return config.runtime(self.app).store
+
     def store_keys(self) -> int:
-        return sum(1 for _ in config.runtime(self.app).store.scan())
+        return sum(1 for _ in self.store.scan())
 
     def held(self, task: UniqueTask, key: str, *, window: bool = False) -> HeldKey | None:
         kind = keyspace.WINDOW if window else keyspace.ACTIVE
@@ -384,12 +415,12 @@ def scope_scene(demo: Demo, scope: str) -> tuple[list[Row], str | None]:
         first = send("first dispatch (worker busy)")
         demo.stage.hold(first.id)  # it cannot start before the worker is free
         send("J1 waits in the queue")
-    demo.stage.wait_started(first.id)
+    demo.stage.wait_started(first.id, demo.store)
     send("J1 is running")
     demo.stage.let_go(first.id)
-    demo.stage.wait_finished(labels.ids)
+    demo.stage.wait_finished(labels.ids, demo.store)
     send("J1 has finished")
-    demo.stage.wait_finished(labels.ids)
+    demo.stage.wait_finished(labels.ids, demo.store)
 
     freed = {"J1 is running": "when J1 started", "J1 has finished": "when J1 finished"}
     moment = next((row.step for row in rows[1:] if row.key_before == "free"), None)
@@ -422,7 +453,7 @@ def payload_scene(demo: Demo, report: Report) -> None:
             held = demo.held(task, digest)
             report.payload.append(replace(row, detail=f"{task.name}:{digest}"))
             report.payload_keys_held.append(held is not None and held.job_id == result.id)
-    demo.stage.wait_finished(labels.ids)
+    demo.stage.wait_finished(labels.ids, demo.store)
 
 
 def window_scene(demo: Demo, report: Report) -> None:
@@ -439,7 +470,7 @@ def window_scene(demo: Demo, report: Report) -> None:
         row = dispatched(step, result, labels, before)
         report.window.append(row)
         if row.outcome == "CREATED":
-            demo.stage.wait_finished([result.id])
+            demo.stage.wait_finished([result.id], demo.store)
 
     send("place_order('A-1', 30, request_id='R1')", 30)
     send("the same, after J1 finished", 30)

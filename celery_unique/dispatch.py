@@ -1,18 +1,20 @@
 """The dispatch path: plan the keys, ask the store once, then publish or hand back.
 
 Everything that can fail on bad input (arguments, selectors, key rules,
-windows, payload encoding) runs in :func:`plan`, before the store or the
-broker is touched. The store decides in one round trip; a publish that fails
-after the store reserved a key rolls the reservation back.
+windows, job ids, payload encoding) runs in :func:`plan`, before the store
+or the broker is touched. The store decides in one round trip, overlapped
+with Celery building the message; the publish gate
+(:mod:`celery_unique.publishing`) lets the job out only if the answer is
+"created". A publish that fails after the store reserved a key rolls the
+reservation back; a reservation whose answer was lost is undone by the store
+(:mod:`celery_unique.cleanup`).
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from celery_unique import keyspace, signals
+from celery_unique import cleanup, keyspace, resend, signals
 from celery_unique.arguments import ArgumentView, json_payload
 from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import (
@@ -44,12 +46,20 @@ from celery_unique.exceptions import (
 )
 from celery_unique.fingerprint import policy_digest, request_fingerprint
 from celery_unique.headers import HEADER, VERSION, KeyHeader, read_header
-from celery_unique.publishing import publish_deciding, store_answered, tolerate_outage
+from celery_unique.publishing import (
+    Gate,
+    gate_for,
+    install_gate,
+    publish_deciding,
+    store_answered,
+    tolerate_outage,
+)
 from celery_unique.receipt import Disposition, DuplicateMatch, stamp
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,
     Decision,
+    Release,
     Scope,
     Verdict,
     WindowClaim,
@@ -59,10 +69,6 @@ if TYPE_CHECKING:
     from celery import Celery, Task
 
 logger = logging.getLogger("celery_unique")
-
-#: The job id whose dispatch is being published right now: in eager mode Celery's
-#: apply_async calls apply(), which must not decide a second time.
-_decided: ContextVar[str | None] = ContextVar("celery_unique_decided", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,29 +82,22 @@ class Plan:
     window_key: str | None
 
 
-@contextmanager
-def decided(job_id: str | None) -> Iterator[None]:
-    """Mark ``job_id`` as decided while it is published (eager mode re-enters via apply())."""
-    token = _decided.set(job_id)
-    try:
-        yield
-    finally:
-        _decided.reset(token)
-
-
 def take_dispatch_options(options: dict[str, Any]) -> dict[str, Any]:
     """Remove the uniqueness options from Celery's options; they never reach the broker."""
     return {name: options.pop(name) for name in DISPATCH_OPTIONS if name in options}
 
 
-def resent_job(app: Celery, task_id: str | None) -> Task[Any, Any] | None:
-    """The running job when this dispatch re-sends it under its own id (retry, replace)."""
-    if task_id is None:
-        return None
-    current = app.current_worker_task
-    if current is not None and current.request.id == task_id:
-        return current
-    return None
+def as_sent(task: Task[Any, Any], args: Any, kwargs: Any, options: Mapping[str, Any]) -> Any:
+    """``(args, kwargs)`` as Celery will send them: ``pydantic=True`` models dumped.
+
+    Celery 5.7 dumps such models inside ``apply_async``; keys and fingerprints
+    are worked out from what the worker will receive. Dumping twice is
+    harmless: a dumped model is a plain dict.
+    """
+    dump = getattr(task, "_dump_pydantic_arguments", None)
+    if dump is None or options.get("serializer") == "pickle":
+        return args, kwargs
+    return dump(args, kwargs)
 
 
 def plan(
@@ -134,6 +133,7 @@ def plan(
             f"{task.name} is unique and a chord header member: if it were deduplicated the "
             "chord would wait for it forever. Deduplicate the chord as a whole instead."
         )
+    keyspace.validate_job_id(job_id)
     arguments = _bind(declaration, args, kwargs)
     view = ArgumentView(arguments)
     cached: list[dict[str, Any]] = []
@@ -215,6 +215,7 @@ def plan(
                 headers=options.get("headers"),
                 link=link,
                 link_error=link_error,
+                chain=options.get("chain"),
             ),
             policy=policy_digest(task, options),
         )
@@ -379,10 +380,75 @@ def rollback(rt: Runtime, claim: Claim) -> None:
     try:
         rt.store.rollback(claim)
     except Exception:
-        # The publish error is the one to raise; the key's lease frees it later.
-        logger.exception(
-            "could not roll back the keys of job %s after a failed publish", claim.job_id
+        # The publish error is the one to raise; the rollback is owed until the
+        # store answers (the job was never published: its keys must not stay).
+        logger.warning(
+            "could not roll back the keys of job %s after a failed publish; retrying in "
+            "the background",
+            claim.job_id,
+            exc_info=True,
         )
+        cleanup.roll_back(rt.store, [claim])
+
+
+def release_now(
+    app: Celery, rt: Runtime, job_id: str, header: KeyHeader, *, finished: bool
+) -> None:
+    """What ``header``'s scope releases when the job starts or finishes, done here and now.
+
+    For jobs run eagerly, in this process (a worker's releases are owed to the
+    store in the background instead: :mod:`celery_unique.worker`).
+    """
+    hold = release_at(job_id, header, finished=finished)
+    if hold is None:
+        return
+    reason = signals.ReleaseReason.FINISHED if finished else signals.ReleaseReason.STARTED
+
+    def released(changed: bool) -> None:
+        if changed:
+            signals.emit_released(app, job_id, hold.key, reason=reason, kept=hold.keep_ms != 0)
+
+    try:
+        changed = rt.store.release(hold.job_id, hold.key, keep_ms=hold.keep_ms)
+    except Exception:
+        logger.warning("could not release key %r; retrying in the background", hold.key)
+        within = None if rt.lease_ms is None else rt.lease_ms / 1000
+        cleanup.release(rt.store, hold, within_s=within, on_released=released)
+        return
+    released(changed)
+
+
+def release_at(job_id: str, header: KeyHeader, *, finished: bool) -> Release | None:
+    """The release a job's scope calls for when it starts (``finished=False``) or ends.
+
+    ``queued`` keys go when the job starts (and, if it never started, when it
+    ends); ``active`` keys when it ends; ``exists`` keys are kept for their
+    retention when it ends.
+    """
+    key = header.get("a")
+    if not key:
+        return None
+    scope = header.get("s")
+    if scope == Scope.QUEUED.value:
+        return Release(job_id, key, 0)
+    if not finished:
+        return None
+    if scope == Scope.EXISTS.value:
+        return Release(job_id, key, header.get("r"))
+    return Release(job_id, key, 0)
+
+
+def run_eagerly(
+    app: Celery, rt: Runtime, job_id: str, header: KeyHeader | None, run: Callable[[], Any]
+) -> Any:
+    """Run a created job here (``.apply()``, eager mode): its keys go as a worker's would."""
+    if header is not None:
+        release_now(app, rt, job_id, header, finished=False)
+    try:
+        return run()
+    finally:
+        if header is not None:
+            release_now(app, rt, job_id, header, finished=True)
 
 
 def apply_unique(
@@ -400,36 +466,50 @@ def apply_unique(
 ) -> AsyncResult[Any]:
     """A dispatch of a unique task.
 
-    ``send`` is Celery's own ``apply_async`` (``publishes=True``: it takes a
-    ``producer``, and the store's round trip overlaps building the message) or
-    ``apply`` (``publishes=False``: the job runs here, after the decision).
+    ``send`` is Celery's own ``apply_async`` or ``send_task`` (``publishes=True``:
+    it takes a ``producer``, and the store's round trip overlaps building the
+    message) or ``apply`` (``publishes=False``: the job runs here, after the
+    decision).
     """
-    if task_id is not None and _decided.get() == task_id:
-        # Our own apply_async in eager mode calling apply(): decided already.
-        return send(args, kwargs, task_id=task_id, link=link, link_error=link_error, **options)
+    app = task.app
+    if not publishes:
+        gate = gate_for(task_id)
+        if gate is not None:
+            # Celery's eager apply_async running the job it is dispatching: that
+            # dispatch asked the store already; the job runs only if it created.
+            gate.resolve()
+            gate.passed = True
+            ran: AsyncResult[Any] = run_eagerly(
+                app,
+                gate.rt,
+                gate.job_id,
+                gate.header if gate.decision is not None else None,
+                lambda: send(
+                    args, kwargs, task_id=task_id, link=link, link_error=link_error, **options
+                ),
+            )
+            return ran
     overrides = take_dispatch_options(options)
     declaration: Declaration = task.__unique__  # type: ignore[attr-defined]
-    app = task.app
     if publishes:
+        install_gate(app)
         options["producer"] = producer
 
     def publish(job_id: str | None, header: KeyHeader | None = None, **extra: Any) -> Any:
         opts = with_header(options, header) if header is not None else options
-        with decided(job_id):
-            return send(
-                args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts, **extra
-            )
+        return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts, **extra)
 
-    resent = resent_job(app, task_id)
-    if resent is not None:
-        # retry() or replace(): the same job again, never a duplicate of itself.
-        header = read_header(resent.request)
-        if header is not None and task_id is not None:
-            _extend_lease(app, task_id, header, options)
-        return stamp(publish(task_id, header))
+    again = resend.resent(app, task_id, options)
+    if again is not None:
+        # retry(), replace(), a lost child's retry: the same job again, never a
+        # duplicate of itself. It holds its keys already.
+        if again.header is not None and task_id is not None:
+            _extend_lease(app, task_id, again.header, options)
+        return stamp(publish(task_id, again.header))
     if not (overrides or declaration.declares_keys):
         return stamp(publish(task_id))
 
+    args, kwargs = as_sent(task, args, kwargs, options)
     rt = runtime(app)
     job_id = task_id or uuid()
     planned = plan(
@@ -461,7 +541,9 @@ def apply_unique(
             return stamp(publish(task_id))
         if not decision.verdict.publishes:
             return not_published(decision)
-        created: AsyncResult[Any] = stamp(publish(job_id, planned.header))
+        created: AsyncResult[Any] = stamp(
+            run_eagerly(app, rt, job_id, planned.header, lambda: publish(job_id, planned.header))
+        )
         signals.emit_created(task, planned)
         return created
 
@@ -472,10 +554,10 @@ def apply_unique(
             raise
         return stamp(publish(task_id))
     given = options.pop("producer")
+    gate = Gate(job_id, rt, planned.header, pending)
     outcome: AsyncResult[Any] = publish_deciding(
         app,
-        rt,
-        pending,
+        gate,
         given,
         lambda stand_in: stamp(publish(job_id, planned.header, producer=stand_in)),
         not_published,

@@ -97,9 +97,22 @@ class InvalidPayload(UniquenessError):
 
 
 class BackendUnavailable(UniquenessError):
-    """The uniqueness store cannot be reached; nothing was published."""
+    """The uniqueness store cannot be reached or refused to work; nothing was published."""
 
     code = "backend_unavailable"
+    #: The request may have reached the store although no answer came back: the
+    #: library undoes whatever it may have written, as soon as the store answers.
+    maybe_applied: bool = False
+
+
+class InvalidJobId(UniquenessError):
+    """The job id cannot be held exactly by every store (a control character, or not Unicode)."""
+
+    code = "invalid_job_id"
+
+    def __init__(self, message: str, job_id: object) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class UnsupportedCombination(UniquenessError):

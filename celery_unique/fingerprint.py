@@ -54,6 +54,7 @@ def request_fingerprint(
     headers: Mapping[str, Any] | None,
     link: Any,
     link_error: Any,
+    chain: Any = None,
 ) -> str:
     """Digest of everything that makes two dispatches the same request."""
     document = {
@@ -64,7 +65,7 @@ def request_fingerprint(
         # countdown=0 and no countdown both mean "start now".
         "start": {"eta": _when(options.get("eta")), "countdown": options.get("countdown") or None},
         "keys": dict(keys),
-        "extra": _extra(headers, link, link_error),
+        "extra": _extra(headers, link, link_error, chain),
     }
     # Payload and extras come out of json.loads, the rest are names, numbers
     # and times: no container here can smuggle in a key that encodes like
@@ -76,12 +77,42 @@ def request_fingerprint(
 _NO_EXTRA = json_payload({"headers": {}, "link": None, "link_error": None})
 
 
-def _extra(headers: Mapping[str, Any] | None, link: Any, link_error: Any) -> dict[str, Any]:
-    if not headers and link is None and link_error is None:
+#: Options of a signature that name its job rather than say what it does: a
+#: frozen continuation gets fresh ids on every dispatch of the same request.
+_JOB_IDENTITY = frozenset({"task_id", "root_id", "parent_id", "group_id", "group_index"})
+
+
+def _extra(
+    headers: Mapping[str, Any] | None, link: Any, link_error: Any, chain: Any
+) -> dict[str, Any]:
+    if not headers and link is None and link_error is None and not chain:
         return _NO_EXTRA
     # Headers and callbacks may hold any serializable value: hash them in the
     # form the broker will carry.
-    return json_payload({"headers": dict(headers or {}), "link": link, "link_error": link_error})
+    extra = {"headers": dict(headers or {}), "link": link, "link_error": link_error}
+    if chain:
+        # Only when there is one: digests of requests without a chain stay as
+        # they were before chains were covered.
+        extra["chain"] = chain
+    cleaned: dict[str, Any] = _without_identity(json_payload(extra))
+    return cleaned
+
+
+def _without_identity(value: Any) -> Any:
+    """``value`` with the job-naming options of every signature in it removed."""
+    if isinstance(value, list):
+        return [_without_identity(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    signature = "task" in value and isinstance(value.get("options"), dict)
+    return {
+        name: (
+            {k: _without_identity(v) for k, v in item.items() if k not in _JOB_IDENTITY}
+            if signature and name == "options"
+            else _without_identity(item)
+        )
+        for name, item in value.items()
+    }
 
 
 def policy_digest(task: Any, options: Mapping[str, Any]) -> str:

@@ -22,6 +22,9 @@ class KeyHeader(TypedDict, total=False):
     r: int | None
     #: Storage key of the window key, if any (never released; for operators).
     w: str
+    #: The job id, on a message that continues a job under its id from another
+    #: job's worker (the last task of a replacement chain): a re-send, not a dispatch.
+    j: str
 
 
 def read_header(source: Any) -> KeyHeader | None:

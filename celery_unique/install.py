@@ -1,4 +1,4 @@
-"""Hooking celery-unique into an app: signals for release, the ``send_task`` guard.
+"""Hooking celery-unique into an app: the worker side, the ``send_task`` guard.
 
 Binding any ``UniqueTask`` to an app does this; call :func:`install` yourself
 for an app that only ever sends tasks by name (``send_task``) so that
@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_unique import leases, lifecycle, send_task
+from celery_unique import send_task, worker
 
 
 def install(app: Celery) -> None:
-    """Connect the lifecycle and lease signal handlers, guard ``app.send_task`` (idempotent)."""
-    lifecycle.connect()
-    leases.connect()
+    """Hook in the worker side and guard ``app.send_task`` (idempotent)."""
+    worker.install(app)
     send_task.connect()
     send_task.guard(app)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from celery_unique.exceptions import InvalidKey
+from celery_unique.exceptions import ImproperlyConfigured, InvalidJobId, InvalidKey
 
 MAX_KEY_BYTES = 512
 PREFIX = "unique:v1:"
@@ -45,6 +45,49 @@ def validate_key(key: object, *, what: str = "key") -> str:
             key,
         )
     return key
+
+
+def validate_job_id(job_id: str) -> str:
+    """Return ``job_id`` if every store can hold it exactly, else raise ``invalid_job_id``.
+
+    Any Unicode text without control characters (category Cc) is stored exactly,
+    whatever its length or plane. Control characters are refused because the
+    stores' record layouts and some databases (PostgreSQL text cannot hold NUL)
+    could not keep them; lone surrogates because they cannot be encoded at all.
+    """
+    if not isinstance(job_id, str) or not job_id:
+        raise InvalidJobId(f"a job id must be a non-empty str, not {job_id!r}", job_id)
+    control = _CONTROL.search(job_id)
+    if control:
+        raise InvalidJobId(
+            f"job id {job_id!r} contains control character U+{ord(control.group()):04X}: "
+            "uniqueness stores cannot hold it exactly",
+            job_id,
+        )
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidJobId(
+            f"job id {job_id!r} is not valid Unicode ({exc.reason})", job_id
+        ) from None
+    return job_id
+
+
+#: Characters a namespace may not contain: the hash-tag braces would let one
+#: namespace's keys collide with another's, or leave a Redis Cluster hash tag empty.
+_NAMESPACE_FORBIDDEN = re.compile("[{}\x00-\x1f\x7f-\x9f]")
+
+
+def validate_namespace(namespace: str) -> str:
+    """Return ``namespace`` if its keys can never collide with another namespace's."""
+    bad = _NAMESPACE_FORBIDDEN.search(namespace)
+    if not namespace or bad:
+        what = "is empty" if not namespace else f"contains {bad.group()!r}" if bad else ""
+        raise ImproperlyConfigured(
+            f"unique_namespace {namespace!r} {what}: a namespace may not be empty or contain "
+            "'{', '}' or control characters (its keys could collide with another namespace's)"
+        )
+    return namespace
 
 
 def namespace_prefix(namespace: str) -> str:

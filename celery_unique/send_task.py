@@ -1,11 +1,17 @@
-"""``app.send_task`` with uniqueness options: applied or refused, never ignored.
+"""``app.send_task`` of a unique task: its keys applied, never ignored.
 
 ``send_task`` never passes through ``Task.apply_async``, and a
 ``before_task_publish`` receiver cannot stop a message. So an app that has a
-``UniqueTask`` bound gets a thin ``send_task`` wrapper: a call carrying
-uniqueness options is routed through the registered task's ``apply_async``
-(which applies them), or refused when the task is not a ``UniqueTask``
-registered in this process. Calls without such options go straight through.
+``UniqueTask`` bound gets a thin ``send_task`` wrapper:
+
+* a name registered here as a ``UniqueTask`` that declares keys, or a call
+  given uniqueness options, is decided exactly like ``delay()`` would be
+  (same keys, receipt, errors), and then sent by Celery's own ``send_task``:
+  it keeps every other trait of ``send_task`` (it never runs eagerly, for one);
+* uniqueness options for a task that is not a ``UniqueTask`` registered here
+  are refused with ``unsupported_combination``;
+* any other call goes straight through, as do the calls Celery's own
+  ``Task.apply_async`` makes.
 """
 
 from __future__ import annotations
@@ -30,16 +36,34 @@ def guard(app: Celery) -> None:
 
     @functools.wraps(original)
     def send_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        if not any(option in options for option in DISPATCH_OPTIONS):
+        if options.get("task_type") is not None:
+            # Celery's Task.apply_async sending a job it (or we) decided on.
             return original(name, args, kwargs, **options)
+        given = any(option in options for option in DISPATCH_OPTIONS)
         task = app.tasks.get(name)
-        if task is None or not hasattr(task, "__unique__"):
-            raise UnsupportedCombination(
-                f"send_task({name!r}) was given uniqueness options, but {name!r} is not a "
-                "UniqueTask registered in this process, so they cannot be applied; register "
-                "the task here (or dispatch it through its signature) to deduplicate it"
-            )
-        return task.apply_async(args, kwargs, **options)
+        declaration = getattr(task, "__unique__", None)
+        if task is None or declaration is None:
+            if given:
+                raise UnsupportedCombination(
+                    f"send_task({name!r}) was given uniqueness options, but {name!r} is not a "
+                    "UniqueTask registered in this process, so they cannot be applied; "
+                    "register the task here (or dispatch it through its signature) to "
+                    "deduplicate it"
+                )
+            return original(name, args, kwargs, **options)
+        if not (given or declaration.declares_keys):
+            return original(name, args, kwargs, **options)
+        from celery_unique.dispatch import apply_unique
+
+        def send(args: Any, kwargs: Any, **opts: Any) -> Any:
+            return original(name, args, kwargs, **opts)
+
+        producer = options.pop("producer", None)
+        task_id = options.pop("task_id", None)
+        link, link_error = options.pop("link", None), options.pop("link_error", None)
+        return apply_unique(
+            task, send, args, kwargs, task_id, link, link_error, options, producer=producer
+        )
 
     app.send_task = send_task  # type: ignore[method-assign,assignment]
     app._celery_unique_guarded = True  # type: ignore[attr-defined]

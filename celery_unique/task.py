@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from celery import Task
+from celery import Task, chord, group
+from celery.canvas import Signature, _chain
+from celery.exceptions import Ignore
 from celery.result import AsyncResult
 
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
 from celery_unique.explain import Explanation, explain
+from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
+from celery_unique.worker.fates import Replaced
 
 
 class UniqueTask(Task):  # type: ignore[type-arg]
@@ -36,6 +40,9 @@ class UniqueTask(Task):  # type: ignore[type-arg]
     unique_overridable: bool = False
 
     __unique__: ClassVar[Declaration]
+
+    #: Follows what becomes of each message, to release keys at the right time.
+    Request = "celery_unique.worker.fates:UniqueRequest"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -64,6 +71,27 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         return apply_unique(
             self, send, args, kwargs, task_id, link, link_error, options, producer=producer
         )
+
+    def on_replace(self, sig: Any) -> Any:
+        """Hand the job's keys to the replacement, which carries the job on under its id.
+
+        Whatever its task class, the message that inherits the job's id (the
+        replacement, or the last task of a replacement chain) carries the key
+        header, so the end of that message releases the keys.
+        """
+        header = read_header(self.request)
+        job_id = self.request.id
+        if header is not None and job_id is not None:
+            carrier = _carrying(sig, job_id)
+            if carrier is not None:
+                headers = dict(carrier.options.get("headers") or {})
+                headers[HEADER] = {**header, "j": job_id}
+                carrier.options["headers"] = headers
+        try:
+            return super().on_replace(sig)
+        except Ignore as ended:
+            # The worker's main process learns from this that the job goes on.
+            raise Replaced(*ended.args) from None
 
     def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""
@@ -97,3 +125,21 @@ class UniqueTask(Task):  # type: ignore[type-arg]
 
 
 UniqueTask.__unique__ = Declaration()
+
+
+def _carrying(sig: Any, job_id: str) -> Signature[Any] | None:
+    """The signature in ``sig`` whose message will carry ``job_id``, if any.
+
+    ``replace()`` freezes the replacement with the job's id: a single task
+    takes it, a chain gives it to its last task, a chord to its body.
+    """
+    if isinstance(sig, _chain):
+        tasks = list(sig.tasks)
+        return _carrying(tasks[-1], job_id) if tasks else None
+    if isinstance(sig, chord):
+        return _carrying(sig.body, job_id)
+    if isinstance(sig, group):
+        return None
+    if isinstance(sig, Signature) and sig.options.get("task_id") == job_id:
+        return sig
+    return None

@@ -59,6 +59,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, Q, QuerySet
 from django.db.utils import load_backend
 
+from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.stores import _records
 from celery_unique.stores.base import (
@@ -357,7 +358,10 @@ class DjangoStore(_records.RecordStore):
         if not keys:
             return _records.decide(claims, lambda key: None, 0, all_or_nothing=all_or_nothing)[0]
 
+        committing = [False]
+
         def work(db: str) -> list[Decision]:
+            committing[0] = False
             rows, now = self._lock(db, keys)
 
             def lookup(key: str) -> _records.Record | None:
@@ -365,25 +369,39 @@ class DjangoStore(_records.RecordStore):
 
             decisions, writes = _records.decide(claims, lookup, now, all_or_nothing=all_or_nothing)
             self._save(db, rows, writes, now)
+            committing[0] = True
             return decisions
 
-        decisions = self._run(work, atomic=True)
+        try:
+            decisions = self._run(work, atomic=True)
+        except BackendUnavailable as error:
+            if committing[0]:
+                # The connection failed while committing: the server may have
+                # committed. Undo it (the claims' jobs were never published).
+                error.maybe_applied = True
+                cleanup.undo_decision(self, claims, error)
+            raise
         self._maybe_sweep()
         return decisions
 
-    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> int:
-        def work(db: str) -> int:
-            rows, now = self._lock(db, [key for key, _ in changes])
-            writes: _records.Writes = {}
-            for key, change in changes:
-                record = rows[key].record()
-                result = change(record if record.alive(now) else None, now)
-                if result is not _records.UNCHANGED:
-                    writes[key] = result
-            self._save(db, rows, writes, now)
-            return len(writes)
+    def forget_decision(self, claims: Sequence[Claim], error: BackendUnavailable) -> bool:
+        self.rollback_many(claims)
+        # A commit the server is still finishing could land after this rollback.
+        return False
 
-        return self._run(work, atomic=True) if changes else 0
+    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> list[bool]:
+        def work(db: str) -> list[bool]:
+            rows, now = self._lock(db, [key for key, _ in changes])
+
+            def lookup(key: str) -> _records.Record | None:
+                record = rows[key].record()
+                return record if record.alive(now) else None
+
+            changed, writes = _records.apply_changes(changes, lookup, now)
+            self._save(db, rows, writes, now)
+            return changed
+
+        return self._run(work, atomic=True) if changes else []
 
     def get(self, key: str) -> HeldKey | None:
         from django_integration.models import DatabaseNowMs, key_hash

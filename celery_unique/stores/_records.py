@@ -18,6 +18,7 @@ from celery_unique.stores.base import (
     Decision,
     HeldKey,
     KeyKind,
+    Release,
     Scope,
     Store,
     Verdict,
@@ -238,20 +239,47 @@ class RecordStore(Store):
     """
 
     @abstractmethod
-    def _change(self, changes: Sequence[tuple[str, Change]]) -> int:
-        """Apply ``changes`` atomically; return how many records changed."""
+    def _change(self, changes: Sequence[tuple[str, Change]]) -> list[bool]:
+        """Apply ``changes`` atomically, in order; for each, whether it changed its record."""
 
     def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
-        return bool(self._change([(key, releasing(job_id, keep_ms))]))
+        return self._change([(key, releasing(job_id, keep_ms))])[0]
+
+    def release_many(self, releases: Sequence[Release]) -> list[bool]:
+        return self._change([(r.key, releasing(r.job_id, r.keep_ms)) for r in releases])
 
     def rollback(self, claim: Claim) -> None:
-        self._change([(key, rolling_back(claim, key)) for key in claim_keys(claim)])
+        self.rollback_many([claim])
+
+    def rollback_many(self, claims: Sequence[Claim]) -> None:
+        self._change(
+            [(key, rolling_back(claim, key)) for claim in claims for key in claim_keys(claim)]
+        )
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         return self.renew_many([(job_id, key) for key in keys], lease_ms)
 
     def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
-        return self._change([(key, renewing(job_id, lease_ms)) for job_id, key in holds])
+        return sum(self._change([(key, renewing(job_id, lease_ms)) for job_id, key in holds]))
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        return bool(self._change([(key, forgetting(job_id))]))
+        return self._change([(key, forgetting(job_id))])[0]
+
+
+def apply_changes(
+    changes: Sequence[tuple[str, Change]], lookup: Lookup, now: int
+) -> tuple[list[bool], Writes]:
+    """Run compare-and-set ``changes`` in order over records read by ``lookup``.
+
+    A later change of the same key sees what an earlier one made of it.
+    Returns whether each change changed its record, and the writes to make.
+    """
+    writes: Writes = {}
+    changed: list[bool] = []
+    for key, change in changes:
+        record = writes[key] if key in writes else lookup(key)
+        result = change(record, now)
+        changed.append(result is not UNCHANGED)
+        if result is not UNCHANGED:
+            writes[key] = result
+    return changed, writes

@@ -15,6 +15,14 @@ Atomicity
     rollback and renew are compare-and-set on the job id: they only touch a
     key that still points at the job named, so they are idempotent and safe to
     call from any process, any number of times.
+
+Failures
+    Every failure that is not caused by the request itself (unreachable,
+    timed out, out of memory, read-only, loading, busy, ...) raises
+    :class:`~celery_unique.exceptions.BackendUnavailable`. When a decision's
+    request may have been applied although its answer never arrived, the
+    error says so (``maybe_applied``) and :meth:`Store.forget_decision` undoes
+    it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,10 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from celery_unique.exceptions import BackendUnavailable
 
 
 class Scope(str, enum.Enum):
@@ -103,6 +115,15 @@ class Decision:
     conflicting_job_ids: tuple[str, ...] = ()
 
 
+class Release(NamedTuple):
+    """One job's hold on one active key, to end."""
+
+    job_id: str
+    key: str
+    #: 0 deletes the key; ``n`` keeps it (finished) ``n`` ms; ``None`` keeps it for ever.
+    keep_ms: int | None = 0
+
+
 @dataclass(frozen=True, slots=True)
 class HeldKey:
     """A key as the store holds it now (for explain, the CLI and the admin)."""
@@ -179,6 +200,14 @@ class Store(ABC):
         are left alone.
         """
 
+    def release_many(self, releases: Sequence[Release]) -> list[bool]:
+        """End many holds at once; for each, whether it changed its key.
+
+        Stores override this to do it in one round trip: a worker sends the
+        releases of every job that ended meanwhile together.
+        """
+        return [self.release(r.job_id, r.key, keep_ms=r.keep_ms) for r in releases]
+
     @abstractmethod
     def rollback(self, claim: Claim) -> None:
         """Undo what a ``CREATED`` decision of ``claim`` wrote (the publish failed).
@@ -187,6 +216,25 @@ class Store(ABC):
         and are freed otherwise; keys no longer pointing at the claim's job
         are left alone.
         """
+
+    def rollback_many(self, claims: Sequence[Claim]) -> None:
+        """:meth:`rollback` every claim (in one round trip where the store can)."""
+        for claim in claims:
+            self.rollback(claim)
+
+    def forget_decision(self, claims: Sequence[Claim], error: BackendUnavailable) -> bool:
+        """Undo what a decision may have written although its answer was lost.
+
+        ``error`` is what :meth:`decide` (or ``wait()``) raised, with
+        ``maybe_applied`` set. Every claim's job is one that was never
+        published, so undoing is a rollback, always safe. Returns whether the
+        undo is final: ``False`` when the lost request could still arrive at the
+        store later (the caller repeats the undo a few times). Raises
+        :class:`~celery_unique.exceptions.BackendUnavailable` while the store
+        does not answer.
+        """
+        self.rollback_many(claims)
+        return True
 
     @abstractmethod
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:

@@ -66,12 +66,8 @@ class MemoryStore(_records.RecordStore):
             else:
                 self._records[key] = record
 
-    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> int:
+    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> list[bool]:
         with self._lock:
-            now, changed = _now(), 0
-            for key, change in changes:
-                result = change(self._records.get(key), now)
-                if result is not _records.UNCHANGED:
-                    self._apply({key: result})
-                    changed += 1
+            changed, writes = _records.apply_changes(changes, self._records.get, _now())
+            self._apply(writes)
             return changed

@@ -12,6 +12,7 @@ import importlib.resources
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.keyspace import split_storage_key
 from celery_unique.stores._records import claim_keys
@@ -22,6 +23,7 @@ from celery_unique.stores.base import (
     HeldKey,
     KeyKind,
     PendingDecisions,
+    Release,
     Scope,
     Store,
     Verdict,
@@ -56,6 +58,66 @@ def _import_redis() -> Any:
     return redis
 
 
+#: Error replies that mean "cannot serve now", whatever was asked: the server is
+#: out of memory, a replica, loading its data set, busy with a script, cut off
+#: from its master or cluster, or refusing writes it cannot persist.
+OUTAGE_REPLIES = frozenset(
+    {
+        "OOM",
+        "READONLY",
+        "LOADING",
+        "BUSY",
+        "MASTERDOWN",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "NOREPLICAS",
+        "MISCONF",
+        "NOPERM",
+    }
+)
+#: redis-py's classes for some of them (it strips the code from their message).
+_OUTAGE_CLASSES = (
+    "OutOfMemoryError",
+    "ReadOnlyError",
+    "BusyLoadingError",
+    "MasterDownError",
+    "ClusterDownError",
+    "TryAgainError",
+    "NoPermissionError",
+)
+
+
+@functools.cache
+def _outage_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that say the store is unavailable, not that the request was wrong."""
+    redis = _import_redis()
+    exceptions = redis.exceptions
+    named = tuple(
+        getattr(exceptions, name) for name in _OUTAGE_CLASSES if hasattr(exceptions, name)
+    )
+    return (redis.ConnectionError, redis.TimeoutError, OSError, *named)
+
+
+def is_outage(error: BaseException) -> bool:
+    """Whether ``error`` (raised by redis-py) means the store cannot serve right now."""
+    if isinstance(error, _outage_types()):
+        return True
+    redis = _import_redis()
+    if isinstance(error, redis.ResponseError):
+        # Inside a script an error keeps its code; unknown codes keep it in the text.
+        code = str(error).split(" ", 1)[0].lstrip("-").upper()
+        return code in OUTAGE_REPLIES
+    return False
+
+
+def unavailable(error: BaseException, *, maybe_applied: bool = False) -> BackendUnavailable:
+    """The :class:`BackendUnavailable` standing for a redis-py outage error."""
+    failure = BackendUnavailable(f"Redis store unavailable: {type(error).__name__}: {error}")
+    failure.maybe_applied = maybe_applied
+    failure.__cause__ = error
+    return failure
+
+
 class RedisStore(Store):
     """Keys in Redis, decided by server-side scripts."""
 
@@ -87,8 +149,10 @@ class RedisStore(Store):
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
         try:
             return self._scripts[name](keys=list(keys), args=list(args))
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
 
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         return self.send_decide(claims, all_or_nothing=all_or_nothing).wait()
@@ -98,16 +162,26 @@ class RedisStore(Store):
     ) -> PendingDecisions:
         keys, args = self._decide_arguments(claims, all_or_nothing)
         if self._pool is None:
-            # Redis Cluster routes per command: no connection to hold on to.
-            return DecidedAlready(self._decisions(claims, self._call("decide", keys, args)))
-        lane = None if self._lanes is None else self._lanes.take()
-        if lane is not None:
-            return _PendingScript(self, lane, claims, keys, args)
+            # Redis Cluster routes per command: no connection to hold on to, and no
+            # telling whether a request whose reply was lost was applied.
+            try:
+                reply = self._scripts["decide"](keys=keys, args=args)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                failure = unavailable(exc, maybe_applied=True)
+                cleanup.undo_decision(self, claims, failure)
+                raise failure from exc
+            return DecidedAlready(self._decisions(claims, reply))
         try:
-            borrowed = _Borrowed(self._pool)
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
-        return _PendingScript(self, borrowed, claims, keys, args)
+            # A failure to connect sent nothing: nothing to undo.
+            lane = None if self._lanes is None else self._lanes.take()
+            source: _Borrowed | Lane = lane if lane is not None else _Borrowed(self._pool)
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
+        return _PendingScript(self, source, claims, keys, args)
 
     def _decisions(self, claims: Sequence[Claim], reply: bytes | str) -> list[Decision]:
         text = _text(reply)
@@ -151,12 +225,50 @@ class RedisStore(Store):
         return keys, args
 
     def release(self, job_id: str, key: str, *, keep_ms: int | None = 0) -> bool:
-        return bool(self._call("release", [key], [job_id, "" if keep_ms is None else keep_ms]))
+        return self.release_many([Release(job_id, key, keep_ms)])[0]
+
+    def release_many(self, releases: Sequence[Release]) -> list[bool]:
+        if not releases:
+            return []
+        args: list[str | int] = []
+        for release in releases:
+            args += [release.job_id, "" if release.keep_ms is None else release.keep_ms]
+        reply = _text(self._call("release", [r.key for r in releases], args))
+        return [flag == "1" for flag in reply]
 
     def rollback(self, claim: Claim) -> None:
-        keys = claim_keys(claim)
-        has_active = "1" if claim.active is not None else "0"
-        self._call("rollback", keys, [claim.job_id, claim.handoff_from or "", has_active])
+        self.rollback_many([claim])
+
+    def rollback_many(self, claims: Sequence[Claim]) -> None:
+        keys: list[str] = []
+        args: list[str | int] = [len(claims)]
+        for claim in claims:
+            mine = claim_keys(claim)
+            keys += mine
+            has_active = "1" if claim.active is not None else "0"
+            args += [claim.job_id, claim.handoff_from or "", has_active, len(mine)]
+        if keys:
+            self._call("rollback", keys, args)
+
+    def forget_decision(self, claims: Sequence[Claim], error: BackendUnavailable) -> bool:
+        """Kill the connection that carried the lost request, then roll its claims back.
+
+        The server runs one connection's commands in order and drops a killed
+        client's unread input, so once ``CLIENT KILL`` has answered the lost
+        request has either run already (and the rollback sees what it wrote)
+        or never will. Without the connection's name (a server before 6.2, an
+        ACL refusing ``CLIENT``, Redis Cluster) the rollback cannot be final.
+        """
+        identity: tuple[str, ...] | None = getattr(error, "_connection", None)
+        if identity is not None:
+            try:
+                self.client.execute_command("CLIENT", "KILL", *identity)  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                if is_outage(exc):
+                    raise unavailable(exc) from exc
+                # "No such client": it is gone already, and its input with it.
+        self.rollback_many(claims)
+        return identity is not None
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         return self.renew_many([(job_id, key) for key in keys], lease_ms)
@@ -173,8 +285,10 @@ class RedisStore(Store):
                 pipe.get(key)
                 pipe.pttl(key)
                 value, ttl = pipe.execute()
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
         return None if value is None else _held(key, value, ttl)
 
     def scan(self, *, kind: KeyKind | None = None, prefix: str = "") -> Iterator[HeldKey]:
@@ -185,8 +299,10 @@ class RedisStore(Store):
                 held = self.get(key)
                 if held is not None and kind in (None, held.kind):
                     yield held
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
         return bool(self._call("forget", [key], [job_id or ""]))
@@ -194,8 +310,10 @@ class RedisStore(Store):
     def ping(self) -> None:
         try:
             self.client.ping()
-        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
 
     def close(self) -> None:
         if self._lanes is not None:
@@ -230,17 +348,16 @@ class _PendingScript(PendingDecisions):
         self.failure: BaseException | None = None
         self.held = source
         self.connection = source.connection
+        self.identity = getattr(source, "identity", None)
         script = store._scripts["decide"]
         try:
             self.connection.send_packed_command(
                 [resp_command("EVALSHA", script.sha, len(keys), *keys, *args)]
             )
-        except (store._redis.ConnectionError, store._redis.TimeoutError) as exc:
+        except BaseException as exc:
+            # Part of the request may have left: the server could still run it.
             self._drop()
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
-        except BaseException:
-            self._drop()
-            raise
+            raise self._lost(exc) from exc
 
     def wait(self) -> list[Decision]:
         if self.decisions is not None:
@@ -266,14 +383,30 @@ class _PendingScript(PendingDecisions):
                     "EVAL", script.script, len(self.keys), *self.keys, *self.args
                 )
                 reply = self.connection.read_response()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._drop()
-            raise BackendUnavailable(f"Redis store unreachable: {exc}") from exc
-        except BaseException:
-            self._drop()
+        except redis.ResponseError as exc:
+            # The server answered, with a refusal: the script did not run.
+            self.held.done()
+            if is_outage(exc):
+                raise unavailable(exc) from exc
             raise
+        except BaseException as exc:
+            # Sent, no answer (timeout, reset, interrupted): it may have run.
+            self._drop()
+            raise self._lost(exc) from exc
         self.held.done()
         return self.store._decisions(self.claims, reply)
+
+    def _lost(self, error: BaseException) -> BaseException:
+        """The error to raise for a request that was sent and never answered; owes its undo.
+
+        Whatever interrupted the wait (a timeout, a reset connection, a signal),
+        the script may have run: its claims are undone in the background as soon
+        as the store answers.
+        """
+        failure = unavailable(error, maybe_applied=True)
+        failure._connection = self.identity  # type: ignore[attr-defined]
+        cleanup.undo_decision(self.store, self.claims, failure)
+        return failure if is_outage(error) else error
 
     def _drop(self) -> None:
         # A connection with an unread or broken reply must never be reused.

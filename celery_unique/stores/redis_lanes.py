@@ -28,6 +28,9 @@ class Lane:
         self.connection = connection
         self.pid = os.getpid()
         self.busy = False
+        #: How the server names this connection (``CLIENT KILL`` filters), learnt at
+        #: connect; ``None`` when the server would not say.
+        self.identity: tuple[str, ...] | None = None
 
     def done(self) -> None:
         """The reply was read (or the connection dropped): the lane is free again."""
@@ -83,9 +86,41 @@ class Lanes:
             stale = True
         if stale:
             connection.disconnect()
+        if connection._sock is None:
+            # Connect here rather than inside the first send, so that a failure to
+            # connect is known to have sent nothing, and learn the server's name
+            # for the connection: undoing a decision whose reply was lost starts by
+            # killing the connection that carried it.
+            connection.connect()
+            lane.identity = identify(connection)
         lane.busy = True
         return lane
 
     def close(self) -> None:
         for connection in list(self._connections):
             connection.disconnect()
+
+
+def identify(connection: Any) -> tuple[str, ...] | None:
+    """``CLIENT KILL`` filters naming ``connection`` on its server, or ``None``.
+
+    The id alone could name another client after a server restart (ids start
+    again from 1); id and address together cannot. ``CLIENT INFO`` needs Redis
+    6.2; an older server, or one whose ACL refuses ``CLIENT``, gives ``None``
+    and undoing falls back to repeating the rollback.
+    """
+    import redis
+
+    try:
+        connection.send_command("CLIENT", "INFO")
+        reply = connection.read_response()
+    except redis.ResponseError:
+        return None
+    fields = dict(part.split("=", 1) for part in _text(reply).split() if "=" in part)
+    if "id" not in fields or "addr" not in fields:
+        return None
+    return ("ID", fields["id"], "ADDR", fields["addr"])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from celery_unique.exceptions import BackendUnavailable
@@ -125,6 +125,12 @@ class SQLiteStore(_records.RecordStore):
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; a failure of the database (locked for too long, disk
+        full, I/O error, a damaged file) is :class:`BackendUnavailable`.
+
+        SQLite commits atomically: a transaction that fails, at any point, wrote
+        nothing, so there is never anything to undo.
+        """
         with self._lock:
             conn = self._connection()
             try:
@@ -133,14 +139,14 @@ class SQLiteStore(_records.RecordStore):
                 raise BackendUnavailable(f"SQLite store {self.path} is unavailable: {exc}") from exc
             try:
                 yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            else:
-                try:
-                    conn.execute("COMMIT")
-                except sqlite3.Error as exc:
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    with suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                if _outage(exc):
                     raise BackendUnavailable(f"SQLite store {self.path}: {exc}") from exc
+                raise
 
     def _read(self, conn: sqlite3.Connection, keys: Sequence[str]) -> dict[str, _records.Record]:
         found: dict[str, _records.Record] = {}
@@ -200,17 +206,13 @@ class SQLiteStore(_records.RecordStore):
             self._sweep(conn, now)
         return decisions
 
-    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> int:
+    def _change(self, changes: Sequence[tuple[str, _records.Change]]) -> list[bool]:
         with self._transaction() as conn:
             now = _now()
             existing = self._read(conn, [key for key, _ in changes])
-            writes: _records.Writes = {}
-            for key, change in changes:
-                result = change(existing.get(key), now)
-                if result is not _records.UNCHANGED:
-                    writes[key] = result
+            changed, writes = _records.apply_changes(changes, existing.get, now)
             self._write(conn, writes)
-            return len(writes)
+            return changed
 
     def get(self, key: str) -> HeldKey | None:
         with self._transaction() as conn:
@@ -251,6 +253,13 @@ class SQLiteStore(_records.RecordStore):
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+def _outage(error: BaseException) -> bool:
+    """A failure of the database, as opposed to a mistake in the statement."""
+    return isinstance(error, sqlite3.DatabaseError) and not isinstance(
+        error, sqlite3.ProgrammingError | sqlite3.IntegrityError | sqlite3.DataError
+    )
 
 
 #: SQLITE_BUSY and SQLITE_LOCKED (sqlite3.h); the module names them only from Python 3.11.

@@ -104,7 +104,7 @@ def test_store_down_with_fail_open_publishes_and_warns_once_per_outage(
             assert len({held.id, *(r.id for r in during)}) == 6, "every dispatch is a new job"
             assert queue_length(spec) == queued + 5
             [warning] = unique_warnings(caplog)
-            assert "unreachable" in warning, outage
+            assert "unavailable" in warning, outage
             assert "fail-open" in warning, outage
 
             store.start()

@@ -1,18 +1,28 @@
--- release: end a job's hold on an active-type key (compare-and-delete).
+-- release: end jobs' holds on active-type keys (compare-and-delete), many at once.
 --
--- KEYS[1]: the active-type key
--- ARGV[1]: job id that must still hold it
--- ARGV[2]: keep ms: "0" delete now; "" keep (finished) with no expiry; n keep n ms
--- Returns: 1 if the key was held by the job and changed, else 0.
+-- KEYS: the active-type keys
+-- ARGV[2i - 1]: job id that must still hold KEYS[i]
+-- ARGV[2i]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
+--           n keep n ms
+-- Returns: one string, a character per key: "1" if the key was held by the job and
+--   changed, else "0".
 
-local r = decode(redis.call("GET", KEYS[1]))
-if not r or r.job ~= ARGV[1] or r.kind == "w" then return 0 end
-if ARGV[2] == "0" then
-  redis.call("DEL", KEYS[1])
-  return 1
+local changed = {}
+for i, key in ipairs(KEYS) do
+  local job, keep = ARGV[2 * i - 1], ARGV[2 * i]
+  local r = decode(redis.call("GET", key))
+  local done = "0"
+  if r and r.job == job and r.kind ~= "w" then
+    if keep == "0" then
+      redis.call("DEL", key)
+      done = "1"
+    elseif r.finished ~= "1" then
+      -- A repeated final release must not push retention further.
+      r.finished = "1"
+      put(key, encode(r), keep)
+      done = "1"
+    end
+  end
+  changed[i] = done
 end
--- A repeated final signal must not push retention further.
-if r.finished == "1" then return 0 end
-r.finished = "1"
-put(KEYS[1], encode(r), ARGV[2])
-return 1
+return table.concat(changed)

@@ -1,0 +1,362 @@
+"""Store writes that are owed: sent in the background, retried until they succeed or lapse.
+
+Some writes must reach the store even when it does not answer at the moment
+they fall due:
+
+* releasing the keys of a job that ended (the worker's main process sends
+  every release this way, so a slow store never stalls its event loop, and a
+  store that is down when the job ends gets the release when it is back);
+* undoing a decision whose answer was lost (its request may have been
+  applied: the keys may point at a job that was never published);
+* rolling back a created claim whose publish failed while the store was not
+  answering either.
+
+One daemon thread per process sends them. Releases owed to one store go out
+together, in one round trip; a failed attempt is retried with a backoff of up
+to two seconds; an owed write whose deadline passes is dropped with a warning
+(by then the key's lease has freed it anyway). Every write is a
+compare-and-set on a job id, so sending one twice, late or after the key
+changed hands is harmless.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from celery_unique.stores.base import Claim, Release, Store
+
+logger = logging.getLogger("celery_unique")
+
+FIRST_BACKOFF_S = 0.05
+MAX_BACKOFF_S = 2.0
+#: How long a release waits for the pool child that ran the job to be gone.
+CHILD_EXIT_WAIT_S = 10.0
+#: Undoing a lost decision is repeated this long after its first success when the
+#: store cannot make it final (the lost request could still arrive later).
+UNDO_REPEATS_S = (1.0, 5.0, 30.0)
+#: Bounds of how long an owed write is retried.
+MIN_DEADLINE_S = 60.0
+MAX_DEADLINE_S = 24 * 3600.0
+
+
+@dataclass(eq=False)
+class Owed:
+    """One write owed to a store."""
+
+    store: Store
+    #: For log lines: what this write does.
+    what: str
+    #: ``time.monotonic()`` after which it is given up.
+    deadline: float
+    #: ``time.monotonic()`` before which it is not sent.
+    due: float = 0.0
+    release: Release | None = None
+    #: Called with whether the release changed the key (after it reached the store).
+    on_released: Callable[[bool], None] | None = None
+    #: Anything else: a callable that raises while the store does not answer and
+    #: returns whether its work is final (``False``: repeat it at ``repeats``).
+    action: Callable[[], bool] | None = None
+    repeats: tuple[float, ...] = ()
+    #: Wait until this process (a pool child) has exited before sending.
+    after_exit_of: int | None = None
+    #: Wait until this says ``True``; ``None`` means the write is no longer owed.
+    after: Callable[[], bool | None] | None = None
+    attempts: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` is gone (a zombie waiting to be reaped counts as gone)."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Cleanup(threading.Thread):
+    """The thread that sends this process's owed writes."""
+
+    def __init__(self) -> None:
+        super().__init__(name="celery-unique-cleanup", daemon=True)
+        self._owed: list[Owed] = []
+        self._in_flight = 0
+        self._condition = threading.Condition()
+        self._failing = False
+
+    def owe(self, item: Owed) -> None:
+        with self._condition:
+            self._owed.append(item)
+            self._condition.notify_all()
+
+    def pending(self) -> int:
+        with self._condition:
+            return len(self._owed) + self._in_flight
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until nothing is owed (``True``) or ``timeout`` seconds passed (``False``)."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            while self._owed or self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._condition.wait(min(left, 0.05))
+        return True
+
+    def run(self) -> None:
+        while True:
+            batch = self._next_batch()
+            try:
+                self._send(batch)
+            finally:
+                with self._condition:
+                    self._in_flight -= len(batch)
+                    self._condition.notify_all()
+
+    def _next_batch(self) -> list[Owed]:
+        with self._condition:
+            while True:
+                now = time.monotonic()
+                ready = [item for item in list(self._owed) if self._ready(item, now)]
+                if ready:
+                    self._owed = [item for item in self._owed if item not in ready]
+                    self._in_flight += len(ready)
+                    return ready
+                waits = [
+                    item.due - now
+                    for item in self._owed
+                    if item.after_exit_of is None and item.after is None
+                ]
+                if any(item.after_exit_of or item.after for item in self._owed):
+                    waits.append(0.01)  # poll for a child's exit or an ack
+                self._condition.wait(max(0.001, min(waits)) if waits else None)
+
+    def _ready(self, item: Owed, now: float) -> bool:
+        if item.due > now:
+            return False
+        if item.after_exit_of is not None:
+            waited_out = now - item.started > CHILD_EXIT_WAIT_S
+            if not (_exited(item.after_exit_of) or waited_out):
+                return False
+            item.after_exit_of = None
+        if item.after is not None:
+            go = item.after()
+            if go is None or (not go and now >= item.deadline):
+                # No longer owed (or never will be): drop it, without sending.
+                self._owed.remove(item)
+                self._condition.notify_all()
+                return False
+            if not go:
+                return False
+            item.after = None
+        return True
+
+    def _send(self, batch: Sequence[Owed]) -> None:
+        releases: dict[int, list[Owed]] = {}
+        for item in batch:
+            if item.release is not None:
+                releases.setdefault(id(item.store), []).append(item)
+            else:
+                self._attempt(item)
+        for items in releases.values():
+            self._release(items)
+
+    def _release(self, items: list[Owed]) -> None:
+        try:
+            released = items[0].store.release_many([item.release for item in items])  # type: ignore[misc]
+        except Exception as error:
+            for item in items:
+                self._failed(item, error)
+            return
+        self._succeeded()
+        for item, changed in zip(items, released, strict=True):
+            if item.on_released is not None:
+                try:
+                    item.on_released(changed)
+                except Exception:
+                    logger.exception("a key_released receiver failed")
+
+    def _attempt(self, item: Owed) -> None:
+        assert item.action is not None
+        try:
+            final = item.action()
+        except Exception as error:
+            self._failed(item, error)
+            return
+        self._succeeded()
+        if not final and item.repeats:
+            later, *rest = item.repeats
+            item.due, item.repeats, item.attempts = time.monotonic() + later, tuple(rest), 0
+            self.owe(item)
+
+    def _failed(self, item: Owed, error: Exception) -> None:
+        item.attempts += 1
+        now = time.monotonic()
+        if now >= item.deadline:
+            logger.warning(
+                "gave up %s after %d attempts over %.0f s (%s); the key's lease frees it",
+                item.what,
+                item.attempts,
+                now - item.started,
+                error,
+            )
+            return
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "uniqueness store not answering; %s and other owed writes are retried "
+                "in the background: %s",
+                item.what,
+                error,
+            )
+        backoff = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** (item.attempts - 1))
+        item.due = min(now + backoff, item.deadline)
+        self.owe(item)
+
+    def _succeeded(self) -> None:
+        if self._failing:
+            self._failing = False
+            logger.warning("uniqueness store answering again; owed writes are being sent")
+
+
+_cleanup: Cleanup | None = None
+_lock = threading.Lock()
+
+
+#: How long a process that is exiting waits for what it still owes.
+EXIT_WAIT_S = 3.0
+
+
+def _thread() -> Cleanup:
+    global _cleanup
+    current = _cleanup
+    if current is None or not current.is_alive():
+        with _lock:
+            if _cleanup is None or not _cleanup.is_alive():
+                _cleanup = Cleanup()
+                _cleanup.start()
+            current = _cleanup
+    return current
+
+
+@atexit.register
+def _at_exit() -> None:
+    # A producer script that dispatches and exits: give owed undos a moment.
+    if pending():
+        flush(EXIT_WAIT_S)
+
+
+def _after_fork_in_child() -> None:
+    # What the parent owes is the parent's to send; the child starts empty.
+    global _cleanup
+    _cleanup = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def deadline_after(seconds: float | None) -> float:
+    """A deadline ``seconds`` from now, kept within the bounds of owed writes."""
+    span = MAX_DEADLINE_S if seconds is None else seconds
+    return time.monotonic() + min(MAX_DEADLINE_S, max(MIN_DEADLINE_S, span))
+
+
+def claims_lifetime_s(claims: Sequence[Claim]) -> float | None:
+    """How long the keys a claim may have written can live, at most (``None``: no bound)."""
+    lifetimes: list[float] = []
+    for claim in claims:
+        if claim.active is not None:
+            if claim.active.lease_ms is None:
+                return None
+            lifetimes.append(claim.active.lease_ms / 1000)
+        if claim.window is not None:
+            lifetimes.append(claim.window.window_ms / 1000)
+    return max(lifetimes, default=0.0)
+
+
+def release(
+    store: Store,
+    hold: Release,
+    *,
+    within_s: float | None,
+    on_released: Callable[[bool], None] | None = None,
+    after_exit_of: int | None = None,
+    after: Callable[[], bool | None] | None = None,
+) -> None:
+    """Send ``hold``'s release soon: once process ``after_exit_of`` is gone and ``after``
+    says so (``None`` from it cancels the release), when given."""
+    _thread().owe(
+        Owed(
+            store=store,
+            what=f"releasing key {hold.key!r} of job {hold.job_id}",
+            deadline=deadline_after(within_s),
+            release=hold,
+            on_released=on_released,
+            after_exit_of=after_exit_of,
+            after=after,
+        )
+    )
+
+
+def undo_decision(store: Store, claims: Sequence[Claim], error: Exception) -> None:
+    """Undo what a decision whose answer was lost may have written, as soon as possible."""
+    from celery_unique.exceptions import BackendUnavailable
+
+    assert isinstance(error, BackendUnavailable)
+    jobs = ", ".join(claim.job_id for claim in claims[:3]) + (", ..." if len(claims) > 3 else "")
+    _thread().owe(
+        Owed(
+            store=store,
+            what=f"undoing the lost decision of job(s) {jobs}",
+            deadline=deadline_after(claims_lifetime_s(claims)),
+            action=lambda: store.forget_decision(claims, error),
+            repeats=UNDO_REPEATS_S,
+        )
+    )
+
+
+def roll_back(store: Store, claims: Sequence[Claim]) -> None:
+    """Roll back created claims whose jobs were not published, in the background."""
+
+    def action() -> bool:
+        store.rollback_many(claims)
+        return True
+
+    jobs = ", ".join(claim.job_id for claim in claims[:3]) + (", ..." if len(claims) > 3 else "")
+    _thread().owe(
+        Owed(
+            store=store,
+            what=f"rolling back the keys of unpublished job(s) {jobs}",
+            deadline=deadline_after(claims_lifetime_s(claims)),
+            action=action,
+        )
+    )
+
+
+def pending() -> int:
+    """How many writes this process still owes."""
+    current = _cleanup
+    return 0 if current is None else current.pending()
+
+
+def flush(timeout: float = 5.0) -> bool:
+    """Wait (at most ``timeout`` seconds) until this process owes nothing; ``True`` if so."""
+    current = _cleanup
+    return True if current is None else current.flush(timeout)

@@ -1,0 +1,42 @@
+"""The worker side: keys released when the message's fate says so, and kept alive meanwhile.
+
+* :mod:`~celery_unique.worker.fates`: the request class that learns, in the
+  worker's main process, whether a message was acknowledged, rejected or
+  requeued, whether its run ended and whether the job goes on under its id
+  (retry, replacement, a lost child's retry), and releases keys accordingly;
+* :mod:`~celery_unique.worker.step`: the consumer bootstep giving that request
+  class to every task the worker runs;
+* :mod:`~celery_unique.worker.dropped`: messages dropped before they become a
+  request (unknown task, unreadable message);
+* :mod:`~celery_unique.worker.leases`: renewing the lease of every key a live
+  worker holds.
+
+Keys are computed on the producer and travel in the message's ``celery_unique``
+header; the worker only reads them back.
+"""
+
+from __future__ import annotations
+
+from celery import Celery, signals
+
+from celery_unique import cleanup
+from celery_unique.worker import dropped, leases
+from celery_unique.worker.step import FollowFates
+
+#: How long a stopping worker waits for releases still owed to the store.
+SHUTDOWN_FLUSH_S = 10.0
+
+
+def _on_worker_shutdown(**_: object) -> None:
+    cleanup.flush(SHUTDOWN_FLUSH_S)
+
+
+def install(app: Celery) -> None:
+    """Hook the worker side into ``app`` (idempotent)."""
+    if FollowFates not in app.steps["consumer"]:
+        app.steps["consumer"].add(FollowFates)
+    dropped.connect()
+    leases.connect()
+    signals.worker_shutdown.connect(
+        _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
+    )

@@ -1,0 +1,310 @@
+"""What becomes of each message, learnt where Celery decides it, and the keys released to match.
+
+The rule: an active-type key is held while its job can still run (its
+message is in the broker, reserved, running, retrying or requeued) and is
+released, as its scope says, only once the broker has forgotten the message
+and no run is in progress.
+
+Celery's signals cannot tell those apart (a hard time limit sends
+``task_failure`` and then requeues the message; a rejected message reaches
+``task_postrun`` as ``REJECTED`` whether or not it is requeued). Celery's
+request class can: it lives in the worker's main process, whatever the pool,
+and every decision about its message passes through it. So every task a
+worker runs gets a request class with :class:`FateMixin` mixed in
+(:mod:`celery_unique.worker.step`), which follows four things:
+
+* the run: accepted by the pool (``on_accepted``), ended (``on_success``,
+  ``on_failure``, a hard ``on_timeout``), and whether it ended abnormally (a
+  lost or killed pool child, a time limit), in which case the release waits
+  until the child process is gone;
+* the message: ``acknowledge()`` or ``reject(requeue=False)`` (the broker
+  forgets it, once kombu confirms it really did), or ``reject(requeue=True)``
+  (back in the queue: the job will run again, the key stays);
+* whether the job goes on under its id in another message: a retry
+  (``Retry``), a replacement (``Replaced``, raised by ``UniqueTask.replace``),
+  a lost child's retry sent by this very process (``task_retry_on_worker_lost``);
+* the key header the message carries.
+
+============================================  ==========================  ========
+path                                          the message                  the key
+============================================  ==========================  ========
+success, failure for good, ``Ignore``          acknowledged                 released
+``retry()``, ``autoretry_for``                 re-sent under the same id    kept
+``Reject(requeue=True)``, a lost child or a   requeued                     kept
+hard time limit with ``acks_late`` requeueing
+a lost child retried by the worker            re-sent by the main process  kept
+``Reject(requeue=False)``, revoked, expired   dropped                      released
+``replace()``                                 continued by the replacement kept
+============================================  ==========================  ========
+
+A ``queued`` key is released when the pool accepts the job (it starts), or
+when its message is dropped without running. Releases are sent by the
+background thread of :mod:`celery_unique.cleanup`: the main process's event
+loop never waits for the store, and a release the store does not take now is
+retried until it does.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from typing import Any
+
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Retry
+from celery.worker.request import Request
+
+from celery_unique import cleanup, resend
+from celery_unique.config import runtime
+from celery_unique.dispatch import release_at
+from celery_unique.headers import HEADER, VERSION, KeyHeader
+from celery_unique.signals import ReleaseReason, emit_released
+
+
+class Replaced(Ignore):
+    """``replace()`` ended the job's run: the replacement carries the job on, under its id."""
+
+
+#: Exceptions with which the pool reports a run it cut short: the pool child
+#: may still be on its way out when the main process hears of it.
+_CUT_SHORT = (WorkerLostError, TimeLimitExceeded, Terminated, SystemExit, KeyboardInterrupt)
+_RESENDING = (WorkerLostError, SystemExit, KeyboardInterrupt)
+
+
+class Settled(enum.Enum):
+    FORGOTTEN = "forgotten"
+    REQUEUED = "requeued"
+
+
+_lock = threading.Lock()
+
+
+class Fate:
+    """One message's fate, as far as its job's keys are concerned."""
+
+    __slots__ = (
+        "app",
+        "continued",
+        "decided",
+        "ended",
+        "header",
+        "job_id",
+        "message",
+        "pool_child",
+        "resent",
+        "running",
+        "settled",
+    )
+
+    def __init__(self, app: Any, job_id: str, header: KeyHeader, message: Any) -> None:
+        self.app, self.job_id, self.header, self.message = app, job_id, header, message
+        self.running = False
+        self.ended = False
+        #: The pool child to wait for before releasing (a run cut short).
+        self.pool_child: int | None = None
+        self.settled: Settled | None = None
+        self.continued = False
+        self.resent: resend.Resend | None = None
+        self.decided = False
+
+    def started(self) -> None:
+        self.running = True
+        if release_at(self.job_id, self.header, finished=False) is not None:
+            self._release(finished=False)
+
+    def run_ended(self, *, pid: int | None, cut_short: bool, continued: bool) -> None:
+        """Note the end of the run; :meth:`check` after Celery settled the message."""
+        with _lock:
+            self.running = False
+            self.ended = True
+            self.continued = self.continued or continued
+            if cut_short and pid is not None and pid != os.getpid():
+                self.pool_child = pid
+
+    def message_settled(self, settled: Settled) -> None:
+        with _lock:
+            if self.settled is None:
+                self.settled = settled
+        self.check()
+
+    def check(self) -> None:
+        """Release the keys once the broker forgot the message and no run is in progress."""
+        with _lock:
+            if self.decided or self.settled is None:
+                return
+            if self.settled is Settled.FORGOTTEN and self.running:
+                return
+            self.decided = True
+            keep = self.settled is Settled.REQUEUED or self.continued
+            if self.resent is not None and self.resent.published:
+                keep = True
+        if not keep:
+            self._release(finished=True)
+
+    def _release(self, *, finished: bool) -> None:
+        hold = release_at(self.job_id, self.header, finished=finished)
+        if hold is None:
+            return
+        app, job_id = self.app, self.job_id
+        rt = runtime(app)
+        reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
+
+        def released(changed: bool) -> None:
+            if changed:
+                emit_released(app, job_id, hold.key, reason=reason, kept=hold.keep_ms != 0)
+
+        message = self.message if finished else None
+        cleanup.release(
+            rt.store,
+            hold,
+            within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
+            on_released=released,
+            after_exit_of=self.pool_child if finished else None,
+            after=(lambda: forgotten(message)) if message is not None else None,
+        )
+
+
+def forgotten(message: Any) -> bool | None:
+    """Whether kombu confirmed the broker forgot ``message``: yes, not yet, never (``None``).
+
+    Celery's request asks for the ack or reject and the worker's event loop
+    sends it a moment later; if the connection fails then, the broker
+    redelivers the message, and the job runs again: its key must stay.
+    """
+    state = getattr(message, "_state", None)
+    if state in ("ACK", "REJECTED"):
+        return True
+    if state == "REQUEUED":
+        return None
+    return False
+
+
+def _header(request_dict: dict[str, Any]) -> KeyHeader | None:
+    value = request_dict.get(HEADER)
+    if isinstance(value, dict) and value.get("v") == VERSION and value.get("a"):
+        return value  # type: ignore[return-value]
+    return None
+
+
+def _exception(exc_info: Any) -> BaseException | None:
+    exc = getattr(exc_info, "exception", None)
+    return getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
+
+
+class FateMixin:
+    """Mixed into Celery's request class: follows the run and the message, releases keys."""
+
+    _fate: Fate | None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The worker subclasses the request class once more per task (Celery's
+        # create_request_cls), with an on_success of its own that does not call
+        # ours: follow the run around that one too.
+        own = cls.__dict__.get("on_success")
+        if own is not None and not getattr(own, "_follows_fate", False):
+            cls.on_success = _following_success(own)  # type: ignore[method-assign]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        request: Any = self
+        header = _header(request._request_dict)
+        self._fate = (
+            None if header is None else Fate(request.task.app, request.id, header, request._message)
+        )
+
+    def on_accepted(self, pid: Any, time_accepted: float) -> None:
+        if self._fate is not None:
+            self._fate.started()
+        super().on_accepted(pid, time_accepted)  # type: ignore[misc]
+
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        return super().on_success(failed__retval__runtime, **kwargs)  # type: ignore[misc]
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        fate = self._fate
+        if fate is None:
+            return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        exc = _exception(exc_info)
+        request: Any = self
+        fate.run_ended(
+            pid=request.worker_pid,
+            cut_short=isinstance(exc, _CUT_SHORT),
+            continued=isinstance(exc, Retry | Replaced),
+        )
+        if isinstance(exc, _RESENDING):
+            # Celery may retry the job from here (task_retry_on_worker_lost): that
+            # send is the job going on, published whatever the store holds.
+            with resend.resending(fate.job_id, fate.header) as watched:
+                fate.resent = watched
+                result = super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        else:
+            result = super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+        fate.check()
+        return result
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        fate = self._fate
+        if fate is None or soft:
+            return super().on_timeout(soft, timeout)  # type: ignore[misc]
+        request: Any = self
+        fate.run_ended(pid=request.worker_pid, cut_short=True, continued=False)
+        result = super().on_timeout(soft, timeout)  # type: ignore[misc]
+        fate.check()
+        return result
+
+    def acknowledge(self) -> None:
+        request: Any = self
+        already = request.acknowledged
+        super().acknowledge()  # type: ignore[misc]
+        if self._fate is not None and not already and request.acknowledged:
+            self._fate.message_settled(Settled.FORGOTTEN)
+
+    def reject(self, requeue: bool = False) -> None:
+        request: Any = self
+        already = request.acknowledged
+        super().reject(requeue)  # type: ignore[misc]
+        if self._fate is not None and not already and request.acknowledged:
+            self._fate.message_settled(Settled.REQUEUED if requeue else Settled.FORGOTTEN)
+
+
+def _following_success(on_success: Any) -> Any:
+    def following(self: Any, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        fate, failed = self._fate, failed__retval__runtime[0]
+        if fate is None or failed:
+            # A failure reported as a result goes on to on_failure.
+            return on_success(self, failed__retval__runtime, **kwargs)
+        fate.run_ended(pid=None, cut_short=False, continued=False)
+        result = on_success(self, failed__retval__runtime, **kwargs)
+        fate.check()
+        return result
+
+    following._follows_fate = True  # type: ignore[attr-defined]
+    following.__name__ = following.__qualname__ = "on_success"
+    following.__doc__ = on_success.__doc__
+    return following
+
+
+FateMixin.on_success = _following_success(FateMixin.on_success)  # type: ignore[method-assign]
+
+
+class UniqueRequest(FateMixin, Request):
+    """Celery's request class, following what becomes of its message (``UniqueTask.Request``)."""
+
+
+_mixed: dict[type, type] = {}
+
+
+def with_fates(request_class: type) -> type:
+    """``request_class`` with :class:`FateMixin` mixed in (itself if it has it already)."""
+    if issubclass(request_class, FateMixin):
+        return request_class
+    mixed = _mixed.get(request_class)
+    if mixed is None:
+        mixed = type(f"Unique{request_class.__name__}", (FateMixin, request_class), {})
+        mixed.__module__ = __name__
+        _mixed[request_class] = mixed
+    return mixed
