@@ -342,3 +342,19 @@ def celery_worker_parameters() -> Mapping[str, Any]:
 def celery_includes() -> tuple[str, ...]:
     """Modules the legacy worker fixtures import first (``celery.ping`` for the ping check)."""
     return ("celery.contrib.testing.tasks",)
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A ``redis-server`` of the session's own (``tests.processes.RedisServer``).
+
+    For tests whose workers and keys must not be disturbed by anything else
+    using the shared Redis: db 0 for stores and marks, db 1 for a broker.
+    """
+    from tests.processes import RedisServer, free_port, require_redis_server
+
+    require_redis_server()
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()

@@ -316,6 +316,8 @@ class FaultProxy:
         #: Complete commands handed to the upstream.
         self.commands_seen = 0
         self._names: Counter[str] = Counter()
+        #: The same names in the order they were handed on.
+        self._log: list[str] = []
         self._names_lock = threading.Lock()
 
         # Fault settings: written by control actions, which run on the I/O thread.
@@ -511,6 +513,11 @@ class FaultProxy:
         with self._names_lock:
             return Counter(self._names)
 
+    def command_log(self) -> list[str]:
+        """Every command handed to the upstream, by upper-cased name, in order; a copy."""
+        with self._names_lock:
+            return list(self._log)
+
     @property
     def open_connections(self) -> int:
         """Client connections currently open (dead ones included, until closed)."""
@@ -523,6 +530,7 @@ class FaultProxy:
             with self._names_lock:
                 self.commands_seen = 0
                 self._names.clear()
+                self._log.clear()
             self.connections_opened = self.connections_refused = 0
             self.replies_dropped = self.resets = 0
             self.bytes_up = self.bytes_down = 0
@@ -776,6 +784,7 @@ class FaultProxy:
                     with self._names_lock:
                         self.commands_seen += len(names)
                         self._names.update(names)
+                        self._log.extend(names)
         if link.client_eof and not link.to_upstream and not link.upstream_shut:
             # Pass the client's half-close on; the server answers what it got, then hangs up.
             link.upstream_shut = True

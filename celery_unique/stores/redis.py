@@ -384,11 +384,17 @@ class _PendingScript(PendingDecisions):
                 )
                 reply = self.connection.read_response()
         except redis.ResponseError as exc:
-            # The server answered, with a refusal: the script did not run.
             self.held.done()
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
+            if not is_outage(exc):
+                raise
+            # The server answered, with a refusal. Refused before the script ran
+            # (BUSY, LOADING), nothing was written; refused by a command inside it
+            # (OOM at its second write), part of it may have been.
+            inside = "script:" in str(exc)
+            failure = unavailable(exc, maybe_applied=inside)
+            if inside:
+                cleanup.undo_decision(self.store, self.claims, failure)
+            raise failure from exc
         except BaseException as exc:
             # Sent, no answer (timeout, reset, interrupted): it may have run.
             self._drop()

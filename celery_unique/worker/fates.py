@@ -51,6 +51,7 @@ import os
 import threading
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Retry
 from celery.worker.request import Request
@@ -189,7 +190,9 @@ def _header(request_dict: dict[str, Any]) -> KeyHeader | None:
 
 def _exception(exc_info: Any) -> BaseException | None:
     exc = getattr(exc_info, "exception", None)
-    return getattr(exc, "exc", exc)  # billiard's ExceptionWithTraceback wraps it
+    if isinstance(exc, ExceptionWithTraceback):  # how billiard sends it from the child
+        return exc.exc  # type: ignore[no-any-return]
+    return exc
 
 
 class FateMixin:

@@ -8,6 +8,7 @@ from celery_unique.stores.base import (
     ActiveClaim,
     Claim,
     KeyKind,
+    Release,
     Scope,
     Store,
     Verdict,
@@ -356,3 +357,73 @@ def test_renew_many_renews_each_hold_for_its_own_job(store: Store) -> None:
     time.sleep(0.8)
     assert decide(store, active("x")).job_id == "j1"
     assert decide(store, active("y", key=B)).job_id == "j2"
+
+
+#: Job ids Celery accepts that a record layout could trip over: separators of
+#: every kind, a thousand bytes and more, characters outside the BMP. (Ids with
+#: control characters never reach a store: dispatches refuse them with
+#: ``invalid_job_id``, see ``tests/integration/test_nothing_touched.py``.)
+HOSTILE_JOB_IDS = [
+    "a:b{c}d%e\\f|g,h;i=j k",
+    "ünïcödé-√-€-日本語",
+    "\U0001f600-\U00010348-emoji-and-gothic",
+    "x" * 1500,
+    "é" * 600,
+    "}:a:tasks.recalc",
+    "' OR 1=1 --",
+]
+
+
+def test_hostile_job_ids_are_held_released_and_rolled_back_exactly(store: Store) -> None:
+    """Every store keeps any job id without control characters exactly, through its whole life."""
+    for n, job in enumerate(HOSTILE_JOB_IDS):
+        key = f"{A}-{n}"
+        created = decide(store, active(job, key=key))
+        assert (created.verdict, created.job_id) == (Verdict.CREATED, job)
+        again = decide(store, active("other", key=key))
+        assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, job)
+        held = store.get(key)
+        assert held is not None
+        assert held.job_id == job
+        assert [h.job_id for h in store.scan(prefix=key)] == [job]
+        assert store.renew_many([(job, key)], LONG * 2) == 1
+        assert store.release("other", key) is False
+        assert store.release_many([Release(job, key, 0)]) == [True]
+        assert store.get(key) is None
+        created = decide(store, active(job, key=key, handoff=None))
+        store.rollback(active(job, key=key))
+        assert store.get(key) is None
+        window = decide(store, windowed(job, key=f"{W}-{n}"))
+        assert (window.verdict, window.job_id) == (Verdict.CREATED, job)
+        conflict = decide(store, windowed("other", fp="other", key=f"{W}-{n}"))
+        assert (conflict.verdict, conflict.conflicting_job_ids) == (Verdict.CONFLICT, (job,))
+
+
+def test_release_many_reports_each_release(store: Store) -> None:
+    """Many releases in one call: each says whether it changed its key, exists keys are kept."""
+    decide(store, active("j1"))
+    decide(store, active("j2", key=B, scope=Scope.EXISTS))
+    changed = store.release_many(
+        [Release("j1", A, 0), Release("nobody", B, 0), Release("j2", B, LONG), Release("j1", A, 0)]
+    )
+    assert changed == [True, False, True, False]
+    assert store.get(A) is None
+    kept = store.get(B)
+    assert kept is not None
+    assert kept.finished
+
+
+def test_rollback_many_undoes_only_what_each_claim_wrote(store: Store) -> None:
+    """Rolling back claims frees their keys, skips keys others hold, and may be repeated."""
+    first, second = active("j1"), windowed("j2", key=W)
+    decide(store, first)
+    decide(store, second)
+    decide(store, active("j3", key=B))
+    never = active("j4", key=B)
+    for _ in range(2):
+        store.rollback_many([first, second, never])
+    assert store.get(A) is None
+    assert store.get(W) is None
+    held = store.get(B)
+    assert held is not None
+    assert held.job_id == "j3"

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 #: The task that holds a key while it runs (tests 1, 2, 6).
 JOB = "faults.job"
@@ -92,8 +92,18 @@ def _define_tasks(app: Celery, spec: Spec, base: Any = None) -> None:
         options["base"] = base
 
     @app.task(name=JOB, **options)
-    def job(self: Any, hold_s: float = 0.0, first_hold_s: float | None = None) -> int:
-        """Count this run, record its process, hold for a while (longer on the first run)."""
+    def job(
+        self: Any,
+        hold_s: float = 0.0,
+        first_hold_s: float | None = None,
+        first_linger_s: float = 0.0,
+    ) -> int:
+        """Count this run, record its process, hold for a while (longer on the first run).
+
+        ``first_linger_s``: after its first run returns, the pool child lingers
+        this long before it reports the result (a ``task_postrun`` receiver
+        sleeps), so the job can be killed between its return and its ack.
+        """
         marks = marks_client(spec.marks_url)
         job_id = self.request.id
         run = int(marks.incr(f"{spec.marks}:runs:{job_id}"))
@@ -102,6 +112,17 @@ def _define_tasks(app: Celery, spec: Spec, base: Any = None) -> None:
         time.sleep(first_hold_s if run == 1 and first_hold_s is not None else hold_s)
         marks.rpush(f"{spec.marks}:finished", job_id)
         return run
+
+    def linger(
+        sender: Any = None, task_id: str | None = None, kwargs: Any = None, **_: Any
+    ) -> None:
+        marks = marks_client(spec.marks_url)
+        seconds = float((kwargs or {}).get("first_linger_s") or 0)
+        if seconds and int(marks.get(f"{spec.marks}:runs:{task_id}") or 0) == 1:
+            marks.rpush(f"{spec.marks}:lingering", task_id or "")
+            time.sleep(seconds)
+
+    signals.task_postrun.connect(linger, sender=job, weak=False)
 
     @app.task(name=SOAK, **options)
     def soak(self: Any, key: str) -> None:

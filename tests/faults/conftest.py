@@ -20,16 +20,9 @@ starts is killed when it ends.
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,15 +35,11 @@ from celery_unique import config as unique_config
 from celery_unique import keyspace
 from celery_unique.stores.redis import RedisStore
 from tests import polling
-from tests.conftest import HOST, fresh_queue_name, in_ci
+from tests.conftest import fresh_queue_name
 from tests.faults._apps import JOB, Spec, plain_app, unique_app
+from tests.processes import RedisServer, Worker, free_port, require_redis_server
 
-REPO = Path(__file__).resolve().parents[2]
-#: How long a worker may take to start (import Celery, fork its pool, connect).
-WORKER_START_S = 60.0
-#: How long a redis-server may take to accept connections.
-SERVER_START_S = 15.0
-_PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+__all__ = ["RedisServer", "Worker", "eventually"]
 
 
 def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -58,127 +47,17 @@ def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str = "con
     return polling.eventually(check, timeout, what)
 
 
-def free_port() -> int:
-    """A free port below the ephemeral range.
-
-    A server stopped and started again reuses its port; in between, an outgoing
-    connection of any process could be given a port of the ephemeral range,
-    and the server could not come back.
-    """
-    try:
-        low = int(_PORT_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    for _ in range(100):
-        port = random.randrange(max(1024, low - 10_000), low)
-        with socket.socket() as probe:
-            try:
-                probe.bind((HOST, port))
-            except OSError:
-                continue
-            return port
-    pytest.fail("no free port below the ephemeral range")
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection((HOST, port), timeout=0.2):
-            return True
-    except OSError:
-        return False
-
-
-class RedisServer:
-    """A ``redis-server`` of one test, on a port of its own; stopped and started at will."""
-
-    def __init__(self, port: int, directory: Path) -> None:
-        self.port = port
-        self.directory = directory
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://{HOST}:{self.port}/{db}"
-
-    def start(self) -> None:
-        assert self.process is None, "already running"
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                HOST,
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--dir",
-                str(self.directory),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        process = self.process
-        eventually(
-            lambda: process.poll() is not None or _accepts(self.port),
-            timeout=SERVER_START_S,
-            what=f"redis-server on port {self.port}",
-        )
-        assert process.poll() is None, f"redis-server on port {self.port} exited"
-
-    def pause(self) -> None:
-        """Freeze the server (SIGSTOP): connections stay open, nothing is answered."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-    def stop(self, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Stop the server with ``sig`` and wait until it is gone."""
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
-
-
-def require_redis_server() -> None:
-    """Skip (fail when ``CI=true``) without a ``redis-server`` binary to start."""
-    if shutil.which("redis-server") is None:
-        message = "redis-server is not installed: the fault tests start their own"
-        if in_ci():
-            pytest.fail(f"{message} [CI=true]", pytrace=False)
-        pytest.skip(message)
-
-
-@pytest.fixture(scope="session")
-def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """The fault tests' own Redis: store and marks in db 0, broker in db 1."""
-    require_redis_server()
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
-    """Start more redis-servers, to stop (each on a free port); all are killed at teardown."""
+def redis_server(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Start more redis-servers, to stop (each on a free port); all are killed at teardown.
+
+    Arguments are more ``redis-server`` options.
+    """
     require_redis_server()
     servers: list[RedisServer] = []
 
-    def start() -> RedisServer:
-        server = RedisServer(free_port(), tmp_path)
+    def start(*args: str) -> RedisServer:
+        server = RedisServer(free_port(), tmp_path, args)
         servers.append(server)
         server.start()
         return server
@@ -194,85 +73,6 @@ def marks(services: RedisServer) -> Iterator[Any]:
     client = redis.Redis.from_url(services.url())
     yield client
     client.close()
-
-
-class Worker:
-    """A ``celery worker`` subprocess (prefork, 2 children) in a process group of its own."""
-
-    def __init__(self, app_dir: Path, module: str, spec: Spec, name: str) -> None:
-        self.name = name
-        self.log_path = app_dir / f"{name}.log"
-        self._log = self.log_path.open("wb")
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(app_dir), str(REPO)]),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                module,
-                "worker",
-                "--pool=prefork",
-                "--concurrency=2",
-                "--loglevel=INFO",
-                "-Q",
-                spec.queue,
-                "-n",
-                f"{name}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
-            cwd=app_dir,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def wait_ready(self, timeout: float = WORKER_START_S) -> None:
-        """Wait for the worker's "ready" line; fail with its log if it dies first."""
-        eventually(
-            lambda: not self.alive() or " ready." in self.log(),
-            timeout=timeout,
-            what=f"worker {self.name} to be ready",
-        )
-        assert self.alive(), f"worker {self.name} exited:\n{self.log()}"
-
-    def kill(self) -> None:
-        """SIGKILL the whole worker: its main process and every pool child."""
-        if self.alive():
-            with suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(timeout=10)
-        # Pool children die with the group; wait until none is left.
-        eventually(lambda: not _group_alive(self.process.pid), 10, "the worker's process group")
-
-    def close(self) -> None:
-        self.kill()
-        self._log.close()
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies waiting to be reaped do not)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        state, pgrp = fields[0], int(fields[2])
-        if pgrp == pgid and state not in ("Z", "X"):
-            return True
-    return False
 
 
 _APP_MODULE = """\
@@ -294,7 +94,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
         (tmp_path / f"{module}.py").write_text(
             _APP_MODULE.format(builder=builder, spec=spec.to_json())
         )
-        worker = Worker(tmp_path, module, spec, name)
+        worker = Worker(tmp_path, module, [spec.queue], name)
         workers.append(worker)
         worker.wait_ready()
         return worker

@@ -2,8 +2,8 @@
 
 The proof, on a real Redis store and a real Redis broker:
 
-* **Store**: the app reaches its store (Redis db 9) through a small TCP proxy
-  that records every command sent through it. Redis's own counters (``INFO
+* **Store**: the app reaches its store (Redis db 9) through a TCP proxy
+  (``tests.faultproxy``) that records every command sent through it. Redis's own counters (``INFO
   commandstats``) cannot prove anything here: they count every client of the
   server, and the broker (db 10 of the same server), the test's own checks and
   any other test run sharing the server all bump them. The proxy sees the
@@ -18,9 +18,6 @@ The proof, on a real Redis store and a real Redis broker:
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +28,7 @@ from celery import Celery
 
 from celery_unique import (
     Disposition,
+    InvalidJobId,
     InvalidKey,
     KeySelectorFailed,
     UniquenessError,
@@ -39,6 +37,7 @@ from celery_unique import (
 )
 from celery_unique import config as unique_config
 from tests.conftest import HOST, REDIS_TEST_DB, redis_celery_config, service_port
+from tests.faultproxy import FaultProxy
 
 from .test_races import queue_lists
 
@@ -60,114 +59,11 @@ BAD_KEYS = [
 ]
 
 
-class CommandTap:
-    """A TCP proxy in front of Redis that records the name of every command sent through it."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
-        self.commands: list[str] = []
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.create_server((HOST, 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._spawn(self._accept)
-
-    def url(self, db: int) -> str:
-        return f"redis://{HOST}:{self.port}/{db}"
-
-    def seen(self) -> list[str]:
-        with self._lock:
-            return list(self.commands)
-
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            server = socket.create_connection(self.upstream)
-            with self._lock:
-                self._sockets += [client, server]
-            self._spawn(self._pump, client, server, _RespCommands(self._record))
-            self._spawn(self._pump, server, client, None)
-
-    def _record(self, name: str) -> None:
-        with self._lock:
-            self.commands.append(name)
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket, parser: _RespCommands | None) -> None:
-        try:
-            while data := source.recv(65536):
-                if parser is not None:
-                    parser.feed(data)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                target.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        # shutdown() wakes the threads blocked in accept()/recv(); close() alone would not.
-        with self._lock:
-            sockets = [self._listener, *self._sockets]
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-        for thread in self._threads:
-            thread.join(timeout=5)
-        for sock in sockets:
-            sock.close()
-
-
-class _RespCommands:
-    """Splits a client's RESP byte stream into commands and reports each command's name."""
-
-    def __init__(self, report: Callable[[str], None]) -> None:
-        self._report = report
-        self._buffer = b""
-
-    def feed(self, data: bytes) -> None:
-        self._buffer += data
-        while (parts := self._next()) is not None:
-            self._report(parts[0].decode(errors="replace").upper() if parts else "")
-
-    def _next(self) -> list[bytes] | None:
-        buffer = self._buffer
-        end = buffer.find(b"\r\n")
-        if end < 0:
-            return None
-        if not buffer.startswith(b"*"):  # an inline command
-            self._buffer = buffer[end + 2 :]
-            return buffer[:end].split()
-        position, parts = end + 2, []
-        for _ in range(int(buffer[1:end])):
-            end = buffer.find(b"\r\n", position)
-            if end < 0:
-                return None
-            start = end + 2
-            stop = start + int(buffer[position + 1 : end])
-            if len(buffer) < stop + 2:
-                return None
-            parts.append(buffer[start:stop])
-            position = stop + 2
-        self._buffer = buffer[position:]
-        return parts
-
-
 @pytest.fixture
-def tap(redis_url: str) -> Iterator[CommandTap]:
-    """A command-recording proxy in front of the Redis server that holds the store."""
-    proxy = CommandTap(HOST, service_port("redis"))
-    yield proxy
-    proxy.close()
+def tap(redis_url: str) -> Iterator[FaultProxy]:
+    """A proxy in front of the Redis server that holds the store, recording every command."""
+    with FaultProxy(HOST, service_port("redis")) as proxy:
+        yield proxy
 
 
 @pytest.fixture
@@ -179,7 +75,7 @@ def broker(celery_redis_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
-def app(tap: CommandTap, broker: Any) -> Iterator[Celery]:
+def app(tap: FaultProxy, broker: Any) -> Iterator[Celery]:
     """An app whose store is reached through ``tap`` and whose queue no worker consumes."""
     settings = redis_celery_config()
     del settings["result_backend"]  # a created job would subscribe to its result channel
@@ -243,19 +139,19 @@ class Untouched:
     the block would not even have to connect to reach the store.
     """
 
-    def __init__(self, app: Celery, tap: CommandTap, broker: Any) -> None:
+    def __init__(self, app: Celery, tap: FaultProxy, broker: Any) -> None:
         self.app, self.tap, self.broker = app, tap, broker
         self.queue: str = app.conf.task_default_queue
 
     def __enter__(self) -> Untouched:
         unique_config.runtime(self.app).store.ping()
         assert queue_length(self.broker, self.queue) == 0
-        self.commands = self.tap.seen()
+        self.commands = self.tap.command_log()
         assert self.commands[-1:] == ["PING"]
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        assert self.tap.seen() == self.commands, "the store was sent commands"
+        assert self.tap.command_log() == self.commands, "the store was sent commands"
         assert queue_length(self.broker, self.queue) == 0, "a message was published"
 
 
@@ -263,16 +159,31 @@ def queue_length(broker: Any, queue: str) -> int:
     return sum(broker.llen(name) for name in queue_lists(queue))
 
 
-def reaches_store_and_broker(app: Celery, tap: CommandTap, broker: Any, send: Any) -> None:
-    """``send()`` creates a job: a script call through the proxy and one more queued message."""
-    commands, queued = len(tap.seen()), queue_length(broker, app.conf.task_default_queue)
+def reaches_store_and_broker(app: Celery, tap: FaultProxy, broker: Any, send: Any) -> None:
+    """``send()`` creates a job, then reuses it: one script call each, one queued message.
+
+    The first call may open the dispatching thread's own connection to the
+    store (its handshake); after that a dispatch is exactly one command.
+    """
+    commands, queued = len(tap.command_log()), queue_length(broker, app.conf.task_default_queue)
     assert send().disposition is Disposition.CREATED
-    assert "EVALSHA" in tap.seen()[commands:]
+    sent = tap.command_log()[commands:]
+    assert sent[-1] in ("EVALSHA", "EVAL")  # EVAL: the script was new to the server
+    assert set(sent[:-1]) <= CONNECTION_SETUP | {"EVALSHA"}, sent
+    assert queue_length(broker, app.conf.task_default_queue) == queued + 1
+    commands = len(tap.command_log())
+    assert send().disposition is Disposition.REUSED
+    assert tap.command_log()[commands:] == ["EVALSHA"], "one decision, one round trip"
     assert queue_length(broker, app.conf.task_default_queue) == queued + 1
 
 
+#: What redis-py (and the store, to name it for undoing lost decisions) send on a
+#: new connection: handshake, database, health check.
+CONNECTION_SETUP = {"HELLO", "CLIENT", "SELECT", "AUTH", "PING"}
+
+
 def dispatch_checked(
-    way: str, app: Celery, tap: CommandTap, broker: Any, key: Any
+    way: str, app: Celery, tap: FaultProxy, broker: Any, key: Any
 ) -> UniquenessError:
     """Dispatch ``key`` the given way, checked to touch nothing; the error it raised.
 
@@ -290,7 +201,7 @@ def dispatch_checked(
 @pytest.mark.parametrize("way", WAYS)
 @pytest.mark.parametrize("bad", BAD_KEYS)
 def test_invalid_key_touches_neither_store_nor_broker(
-    way: str, bad: Any, app: Celery, tap: CommandTap, broker: Any
+    way: str, bad: Any, app: Celery, tap: FaultProxy, broker: Any
 ) -> None:
     """An invalid key, given or selected: invalid_key, no store command, nothing published."""
     error = dispatch_checked(way, app, tap, broker, bad)
@@ -301,7 +212,7 @@ def test_invalid_key_touches_neither_store_nor_broker(
 
 @pytest.mark.parametrize("way", ["active-key-given", "active-key-from-selector"])
 def test_longest_valid_key_reaches_the_store(
-    way: str, app: Celery, tap: CommandTap, broker: Any
+    way: str, app: Celery, tap: FaultProxy, broker: Any
 ) -> None:
     """A key of exactly 512 bytes (as UTF-8) is valid: it is decided and published."""
     tasks = define_tasks(app)
@@ -310,7 +221,7 @@ def test_longest_valid_key_reaches_the_store(
 
 
 def test_failing_selectors_and_unbound_arguments_touch_nothing(
-    app: Celery, tap: CommandTap, broker: Any
+    app: Celery, tap: FaultProxy, broker: Any
 ) -> None:
     """A selector returning None or raising, or arguments that do not bind, touch nothing."""
     tasks = define_tasks(app)
@@ -328,3 +239,27 @@ def test_failing_selectors_and_unbound_arguments_touch_nothing(
         with pytest.raises(TypeError):
             tasks["selected"].delay("k", "one too many")
     reaches_store_and_broker(app, tap, broker, lambda: tasks["selected"].delay("control"))
+
+
+#: Every control character, and a lone surrogate: ids no store could hold exactly.
+BAD_JOB_IDS = [f"job-{chr(code)}-id" for code in (*range(0x20), *range(0x7F, 0xA0))] + [
+    "job-\ud800-id"
+]
+
+
+@pytest.mark.parametrize("way", ["active-key-given", "window-key-from-selector"])
+def test_job_ids_no_store_can_hold_are_refused_before_anything(
+    way: str, app: Celery, tap: FaultProxy, broker: Any
+) -> None:
+    """``task_id`` with a control character (or unencodable): invalid_job_id, nothing touched."""
+    tasks = define_tasks(app)
+    task = tasks["given"] if way == "active-key-given" else tasks["windowed"]
+    options = {"unique_key": "k"} if way == "active-key-given" else {"kwargs": {"key": "request-1"}}
+    with Untouched(app, tap, broker):
+        for job_id in BAD_JOB_IDS:
+            with pytest.raises(InvalidJobId) as caught:
+                task.apply_async(task_id=job_id, **options)
+            assert (caught.value.code, caught.value.job_id) == ("invalid_job_id", job_id)
+    reaches_store_and_broker(
+        app, tap, broker, lambda: task.apply_async(task_id="ok:{1}", **options)
+    )

@@ -1,0 +1,93 @@
+"""dispatch_many on the Redis broker: a job's message and its key go out together, or neither does.
+
+kombu's publish batch flushes once it has buffered a number of *transport
+commands*, and a message routed to two queues is two commands: a batch sized
+by its number of items would flush part-way, and a failure after that would
+roll back the keys of jobs already published. The batch never flushes
+part-way, so when an item fails to publish, nothing has left.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Exchange, Queue
+from kombu.exceptions import EncodeError
+
+from celery_unique import UniqueTask, dispatch_many
+from celery_unique import config as unique_config
+from celery_unique.keyspace import ACTIVE, storage_key
+from tests.conftest import fresh_queue_name, redis_celery_config
+
+from .test_races import queue_lists
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def broker(celery_redis_url: str) -> Iterator[Any]:
+    client = redis.Redis.from_url(celery_redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fanned(redis_url: str, broker: Any) -> Iterator[tuple[Celery, list[str]]]:
+    """An app whose default route reaches two queues: two transport commands per message."""
+    names = [fresh_queue_name(), fresh_queue_name()]
+    # Topic: for a direct exchange Celery sends straight to the queue, past the bindings.
+    exchange = Exchange(f"fan-{uuid.uuid4().hex}", type="topic")
+    queues = [Queue(name, exchange, routing_key="both") for name in names]
+    settings = redis_celery_config()
+    del settings["result_backend"]
+    app = Celery("batchpub", set_as_current=False)
+    app.conf.update(
+        settings,
+        task_queues=queues,
+        task_default_queue=names[0],
+        task_default_exchange=exchange.name,
+        task_default_exchange_type="topic",
+        task_default_routing_key="both",
+        unique_backend=redis_url,
+        unique_namespace=f"batchpub-{uuid.uuid4().hex}",
+        task_ignore_result=True,
+    )
+    app.finalize()
+    with app.connection_for_write() as connection:
+        for queue in queues:
+            queue(connection.default_channel).declare()
+    yield app, names
+    unique_config.reset(app)
+    app.close()
+    broker.delete(*(lst for name in names for lst in queue_lists(name)))
+    broker.delete(f"_kombu.binding.{exchange.name}")
+
+
+def test_a_batch_that_fails_part_way_publishes_nothing_and_holds_nothing(
+    fanned: tuple[Celery, list[str]], broker: Any
+) -> None:
+    """Item 3 of 4 cannot be encoded: no message of the batch is out, and no key is held."""
+    app, names = fanned
+
+    @app.task(base=UniqueTask, shared=False, name="batchpub.job", unique_key=lambda job: job.key)
+    def job(key: str, payload: Any = None) -> None:
+        return None
+
+    items = [job.s(f"k{n}") for n in range(2)]
+    items += [job.s("k2", payload=object()), job.s("k3")]
+    with pytest.raises(EncodeError):
+        dispatch_many(items)
+    queued = sum(broker.llen(lst) for name in names for lst in queue_lists(name))
+    assert queued == 0, "messages of the failed batch were published"
+    store = unique_config.runtime(app).store
+    namespace = unique_config.runtime(app).namespace
+    held = [store.get(storage_key(namespace, ACTIVE, job.name, f"k{n}")) for n in range(4)]
+    assert held == [None] * 4, "keys of the failed batch are still held"
+    # A batch that publishes: every message reaches both queues, one key per job.
+    dispatch_many([job.s(f"ok{n}") for n in range(5)])
+    assert [sum(broker.llen(lst) for lst in queue_lists(name)) for name in names] == [5, 5]

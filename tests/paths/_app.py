@@ -1,0 +1,204 @@
+"""The path matrix's app: a task per delivery path, built alike by the test and the worker.
+
+Every task body records each run in the *marks* Redis database: when it
+started and ended (``time.monotonic_ns()``, one clock for every process of
+the machine), in which process, which run of its job it was. A run that is
+killed has a start and no end. Unique tasks declare their key (the ``key``
+argument), as users do; each dispatch picks the scope and
+``unique_prefix=False``, so the probe task can ask for a cell's key after the
+cell's job is over.
+
+The worker's app module is two lines written by the test: it reads the spec
+from ``PATHS_SPEC`` and calls :func:`build`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from celery import Celery, Task, chain
+from celery.exceptions import Ignore, Reject
+from kombu import Exchange, Queue
+
+PREFIX = "paths"
+#: How long a body that should be cut short (killed, revoked, timed out) sleeps.
+HANG_S = 20.0
+#: How long every other body takes: long enough to be seen running.
+WORK_S = 0.3
+
+_clients: dict[tuple[int, str], Any] = {}
+_lock = threading.Lock()
+
+
+def marks_client(url: str) -> Any:
+    """This process's client on the marks database (never shared across fork)."""
+    import redis
+
+    slot = (os.getpid(), url)
+    with _lock:
+        if slot not in _clients:
+            _clients[slot] = redis.Redis.from_url(url)
+        return _clients[slot]
+
+
+def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
+    """The app of one pass of the matrix (``producer``: with the task no worker knows)."""
+    from celery_unique import UniqueTask
+
+    app = Celery(f"paths-{spec['namespace']}", set_as_current=False)
+    queues = [
+        Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-expires": 600_000})
+        for name in (spec["queue"], spec["idle_queue"])
+    ]
+    app.conf.update(
+        broker_url=spec["broker_url"],
+        task_default_queue=spec["queue"],
+        task_default_exchange=spec["queue"],
+        task_default_routing_key=spec["queue"],
+        task_queues=queues,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=spec.get("prefetch", 1),
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 3600},
+        result_expires=timedelta(seconds=spec["retention_s"]),
+        unique_backend=spec["store_url"],
+        unique_namespace=spec["namespace"],
+        unique_lease=spec["lease_s"],
+    )
+    marks_url, ns = spec["marks_url"], spec["namespace"]
+
+    def run_of(task: Any) -> tuple[str, int]:
+        """Record the start of a run; return the job id and which run of it this is."""
+        marks = marks_client(marks_url)
+        job_id = task.request.id
+        run = int(marks.incr(f"{ns}:n:{job_id}"))
+        record = {
+            "job": job_id,
+            "task": task.name,
+            "run": run,
+            "pid": os.getpid(),
+            "start": time.monotonic_ns(),
+            "parent": task.request.parent_id,
+        }
+        with marks.pipeline(transaction=False) as pipe:
+            pipe.rpush(f"{ns}:s:{job_id}", json.dumps(record))
+            pipe.rpush(f"{ns}:jobs", job_id)
+            pipe.execute()
+        return job_id, run
+
+    def ended(job_id: str, run: int) -> None:
+        marks = marks_client(marks_url)
+        marks.rpush(f"{ns}:e:{job_id}", json.dumps({"run": run, "end": time.monotonic_ns()}))
+
+    def recording(body: Callable[[Any, int], Any]) -> Callable[[Any, str], Any]:
+        def run(self: Any, key: str) -> Any:
+            job_id, number = run_of(self)
+            try:
+                return body(self, number)
+            finally:
+                ended(job_id, number)
+
+        run.__name__ = body.__name__
+        return run
+
+    def task(
+        name: str, body: Callable[[Any, int], Any], base: Any = UniqueTask, **options: Any
+    ) -> Any:
+        if base is UniqueTask:
+            # Declared, as users do: a re-send under the job's own id must not be
+            # decided again (it would find its own key held). The scope and the
+            # sharing across tasks (for the probe) are chosen per dispatch.
+            options.update(unique_key=lambda job: job.key, unique_overridable=True)
+        return app.task(name=f"{PREFIX}.{name}", bind=True, shared=False, base=base, **options)(
+            recording(body)
+        )
+
+    def work(self: Any, run: int) -> None:
+        time.sleep(WORK_S)
+
+    def hang_first(self: Any, run: int) -> None:
+        time.sleep(HANG_S if run == 1 else WORK_S)
+
+    def fail(self: Any, run: int) -> None:
+        raise ValueError("failed for good")
+
+    def fail_after_retry(self: Any, run: int) -> None:
+        if self.request.retries < 1:
+            raise self.retry(countdown=WORK_S, max_retries=1)
+        raise ValueError("failed for good after a retry")
+
+    def retry_once(self: Any, run: int) -> None:
+        if self.request.retries < 1:
+            raise self.retry(countdown=WORK_S)
+        time.sleep(WORK_S)
+
+    def autoretry_once(self: Any, run: int) -> None:
+        if self.request.retries < 1:
+            raise KeyError("retried by autoretry_for")
+        time.sleep(WORK_S)
+
+    def reject_requeue_once(self: Any, run: int) -> None:
+        if run == 1:
+            raise Reject("requeued by the test", requeue=True)
+        time.sleep(WORK_S)
+
+    def reject_drop(self: Any, run: int) -> None:
+        raise Reject("dropped by the test", requeue=False)
+
+    def ignore(self: Any, run: int) -> None:
+        raise Ignore()
+
+    tail_unique = task("tail_unique", work)
+    tail_plain = task("tail_plain", work, base=Task)
+    step_plain = task("step_plain", work, base=Task)
+
+    def replace_unique(self: Any, run: int) -> Any:
+        return self.replace(tail_unique.s(self.request.kwargs["key"]))
+
+    def replace_plain(self: Any, run: int) -> Any:
+        return self.replace(tail_plain.s(self.request.kwargs["key"]))
+
+    def replace_chain(self: Any, run: int) -> Any:
+        key = self.request.kwargs["key"]
+        return self.replace(chain(step_plain.s(key), step_plain.si(key)))
+
+    task("success", work)
+    task("failure", fail)
+    task("fail_after_retry", fail_after_retry)
+    task("retry", retry_once)
+    task("autoretry", autoretry_once, autoretry_for=(KeyError,), retry_kwargs={"countdown": WORK_S})
+    task("reject_requeue", reject_requeue_once, acks_late=True)
+    task("reject_drop", reject_drop, acks_late=True)
+    task("ignore", ignore)
+    task("replace_unique", replace_unique)
+    task("replace_plain", replace_plain)
+    task("replace_chain", replace_chain)
+    task("revoke_waiting", work)
+    task("revoke_running", hang_first)
+    task("expires_eta", work)
+    task("expires_queued", work)
+    task("soft_limit", hang_first, soft_time_limit=0.5)
+    task("hard_limit", hang_first, time_limit=1)
+    task("hard_limit_late_ack", hang_first, time_limit=1, acks_late=True)
+    task(
+        "hard_limit_late_requeue",
+        hang_first,
+        time_limit=1,
+        acks_late=True,
+        acks_on_failure_or_timeout=False,
+    )
+    task("killed", hang_first)
+    task("killed_requeue", hang_first, acks_late=True, reject_on_worker_lost=True)
+    task("killed_retry", hang_first, retry_on_worker_lost=True, default_retry_delay=WORK_S)
+    task("probe", work)
+    if producer:
+        # Registered here only: the worker has never heard of it.
+        task("unknown", work)
+    app.finalize()
+    return app

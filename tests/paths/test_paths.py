@@ -1,0 +1,548 @@
+"""Every Celery delivery path in every scope, on a real worker: a key is held while its job can run.
+
+A pass starts one ``celery worker`` subprocess (``--pool=prefork``, and one
+pass with ``--pool=threads``) on one broker (Redis, RabbitMQ), then plays
+every cell of the matrix at once, each in a thread of its own with a key of
+its own: it dispatches the cell's job, drives it (kills its pool child,
+revokes it, lets it expire...), and samples the store every few milliseconds
+until the key is released; then it dispatches a probe under the same key.
+For each cell it checks:
+
+* the job ran as many times as Celery's semantics say;
+* the key was held by the job at every sample until its release, and the
+  release came at the point the scope names: the start (``queued``), the end
+  of the last run or the moment the message was dropped (``active``), the
+  same then kept for the retention (``exists``), or the lease (a message the
+  broker dropped without telling anyone);
+* for ``active`` and ``exists``, the release came after the job's last run
+  ended (or its child was killed): two jobs never run under one key;
+* the probe afterwards creates a new job.
+
+What each pass observed is the table in ``docs/_generated/path-matrix.md``
+(included in the concepts page): the test renders its own observations and
+compares them with that file; ``UPDATE_PATH_MATRIX=1`` writes them instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_unique import Disposition, keyspace
+from celery_unique import config as unique_config
+from celery_unique.stores import redis as redis_store
+from celery_unique.stores.redis import RedisStore
+from tests.conftest import fresh_queue_name, require_service, service_port
+from tests.paths import _app
+from tests.processes import RedisServer, Worker
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+MATRIX_DOC = REPO / "docs" / "_generated" / "path-matrix.md"
+
+#: The lease of every key (seconds): what frees the key of a message the broker
+#: drops without a word. Longer than any job's wait in the queue.
+LEASE_S = 15.0
+#: How long an ``exists`` key is kept after its job (``result_expires``).
+RETENTION_S = 3.0
+#: How long after its start a run is killed or terminated.
+CUT_AFTER_S = 0.3
+#: How often each cell samples the store.
+SAMPLE_S = 0.025
+#: Pool processes (or threads) of the worker, and messages it reserves per process:
+#: together more than a pass's jobs, so no message waits in the broker (where
+#: RabbitMQ would drop one that expires before a worker took it).
+CONCURRENCY = 24
+PREFETCH = 4
+#: After the key is released, how long a cell keeps watching for more runs.
+SETTLE_S = 2.0
+#: A release counts as "at" an event when it follows it within this long.
+PROMPT_S = 3.0
+#: How long before its body starts the pool may report a job accepted (a child
+#: busy with its preamble on a loaded machine).
+ACCEPTED_S = 3.0
+SCOPES = ("queued", "active", "exists")
+
+
+@dataclass(frozen=True)
+class Path_:
+    """One delivery path: how to dispatch and drive its job, and what Celery does with it."""
+
+    name: str
+    title: str
+    #: Runs of the job (under its id) Celery's semantics give.
+    runs: int
+    #: What the test does to the job: "kill" its pool child, "terminate" it,
+    #: "revoke" it while it waits, let it "expire" in a queue no worker reads.
+    drive: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    #: Needs the prefork pool (time limits, killing a pool child).
+    prefork_only: bool = False
+    #: Dispatched to a task the worker does not know.
+    unknown: bool = False
+    #: The pool cuts the first run short after this long (its hard time limit).
+    cut_after_s: float | None = None
+
+
+PATHS = (
+    Path_("success", "succeeds", 1),
+    Path_("failure", "fails", 1),
+    Path_("fail_after_retry", "fails for good after a retry", 2),
+    Path_("retry", "`retry(countdown)`, then succeeds", 2),
+    Path_("autoretry", "`autoretry_for`, then succeeds", 2),
+    Path_("reject_requeue", "`Reject(requeue=True)`, then succeeds (`acks_late`)", 2),
+    Path_("reject_drop", "`Reject(requeue=False)`", 1),
+    Path_("ignore", "`Ignore()`", 1),
+    Path_("replace_unique", "`replace()` by a `UniqueTask`", 2),
+    Path_("replace_plain", "`replace()` by a plain task", 2),
+    Path_("replace_chain", "`replace()` by a chain (the job id goes to its last task)", 2),
+    Path_(
+        "revoke_waiting", "revoked while waiting for its countdown", 0, "revoke", {"countdown": 2}
+    ),
+    Path_(
+        "revoke_running",
+        "`revoke(terminate=True)` while running",
+        1,
+        "terminate",
+        prefork_only=True,
+    ),
+    Path_(
+        "expires_eta",
+        "expires while waiting for its countdown",
+        0,
+        None,
+        {"countdown": 1.5, "expires": 0.5},
+    ),
+    Path_("expires_queued", "expires in a queue no worker reads yet", 0, "expire", {"expires": 1}),
+    Path_("soft_limit", "soft time limit", 1, prefork_only=True),
+    Path_("hard_limit", "hard time limit", 1, prefork_only=True, cut_after_s=1),
+    Path_(
+        "hard_limit_late_ack", "hard time limit, `acks_late`", 1, prefork_only=True, cut_after_s=1
+    ),
+    Path_(
+        "hard_limit_late_requeue",
+        "hard time limit, `acks_late`, `acks_on_failure_or_timeout=False` (requeued), "
+        "then succeeds",
+        2,
+        prefork_only=True,
+        cut_after_s=1,
+    ),
+    Path_("killed", "pool child killed", 1, "kill", prefork_only=True),
+    Path_(
+        "killed_requeue",
+        "pool child killed, `acks_late` + `reject_on_worker_lost` (requeued), then succeeds",
+        2,
+        "kill",
+        prefork_only=True,
+    ),
+    Path_(
+        "killed_retry",
+        "pool child killed, `retry_on_worker_lost` (re-sent by the worker), then succeeds",
+        2,
+        "kill",
+        prefork_only=True,
+    ),
+    Path_("unknown", "unknown to the worker", 0, unknown=True),
+)
+
+
+@dataclass
+class Observed:
+    """What one cell saw."""
+
+    path: Path_
+    scope: str
+    job_id: str
+    dispatched: int
+    #: (time, holder job id or None, finished) every SAMPLE_S until after the release.
+    samples: list[tuple[int, str | None, bool]] = field(default_factory=list)
+    starts: list[dict[str, Any]] = field(default_factory=list)
+    ends: list[dict[str, Any]] = field(default_factory=list)
+    #: When the test cut the run short (kill, terminate), if it did.
+    cut_at: int | None = None
+    probe: str | None = None
+    probe_start: int | None = None
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def released_at(self) -> int | None:
+        """The first sample at which the job no longer held the key (or held it finished)."""
+        for at, holder, finished in self.samples:
+            if holder != self.job_id or finished:
+                return at
+        return None
+
+    @property
+    def last_event(self) -> int | None:
+        """The end of the job's last run (or the moment it was cut short)."""
+        events = [record["end"] for record in self.ends]
+        if self.cut_at is not None and self.path.drive in ("kill", "terminate"):
+            events.append(self.cut_at)
+        ended = {record["run"] for record in self.ends}
+        limit = self.path.cut_after_s
+        if limit is not None:
+            events += [
+                record["start"] + int(limit * 1e9)
+                for record in self.starts
+                if record["run"] not in ended
+            ]
+        return max(events, default=None)
+
+    def kind(self) -> str:
+        """Where the release came, in words the docs use."""
+        released = self.released_at
+        if released is None:
+            return "never released"
+        if released - self.dispatched >= (LEASE_S - 1) * 1e9:
+            return "lease"
+        if not self.starts:
+            return "dropped"
+        if self.scope == "queued":
+            # The worker's main process hears that the pool took the job a moment
+            # before the body records its start.
+            first = min(record["start"] for record in self.starts)
+            return "start" if -ACCEPTED_S * 1e9 <= released - first < PROMPT_S * 1e9 else "late"
+        last = self.last_event
+        if last is None or released < last:
+            return "early"
+        return "end" if released - last < PROMPT_S * 1e9 else "late"
+
+
+LABELS = {
+    ("queued", "start"): "freed at the start",
+    ("queued", "dropped"): "freed when dropped",
+    ("queued", "lease"): "freed by the lease",
+    ("active", "end"): "held to the end",
+    ("active", "dropped"): "freed when dropped",
+    ("active", "lease"): "freed by the lease",
+    ("exists", "end"): f"kept {RETENTION_S:g} s after the end",
+    ("exists", "dropped"): f"kept {RETENTION_S:g} s after the drop",
+    ("exists", "lease"): "freed by the lease",
+}
+
+
+def expected_kind(path: Path_, scope: str, broker: str) -> str:
+    """Where the release must come, by Celery's semantics and the scope's."""
+    if path.drive == "expire" and broker == "rabbitmq":
+        return "lease"  # RabbitMQ drops the expired message itself, and says nothing
+    if path.runs == 0:
+        return "dropped"
+    return "start" if scope == "queued" else "end"
+
+
+@dataclass
+class Pass:
+    """One worker, one broker: the context every cell of a pass shares."""
+
+    broker: str
+    pool: str
+    spec: dict[str, Any]
+    app: Celery
+    store: RedisStore
+    marks: Any
+    worker: Worker
+
+    def storage_key(self, key: str) -> str:
+        return keyspace.storage_key(self.spec["namespace"], keyspace.ACTIVE, "", key)
+
+    def runs(self, job_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        ns = self.spec["namespace"]
+        starts = [json.loads(raw) for raw in self.marks.lrange(f"{ns}:s:{job_id}", 0, -1)]
+        ends = [json.loads(raw) for raw in self.marks.lrange(f"{ns}:e:{job_id}", 0, -1)]
+        return starts, ends
+
+    def sample(self, stored: str, seen: Observed) -> None:
+        """One look at the key and the job's runs, in one round trip (store and marks: db 0)."""
+        ns = self.spec["namespace"]
+        with self.marks.pipeline(transaction=False) as pipe:
+            pipe.get(stored)
+            pipe.pttl(stored)
+            pipe.lrange(f"{ns}:s:{seen.job_id}", 0, -1)
+            pipe.lrange(f"{ns}:e:{seen.job_id}", 0, -1)
+            value, ttl, starts, ends = pipe.execute()
+        held = None if value is None else redis_store._held(stored, value, ttl)
+        seen.samples.append(
+            (time.monotonic_ns(), held.job_id if held else None, bool(held and held.finished))
+        )
+        seen.starts = [json.loads(raw) for raw in starts]
+        seen.ends = [json.loads(raw) for raw in ends]
+
+
+def play(run: Pass, path: Path_, scope: str) -> Observed:
+    """Dispatch and drive one cell's job, watching its key until after its release."""
+    key = f"{path.name}:{scope}:{uuid.uuid4().hex[:8]}"
+    stored = run.storage_key(key)
+    name = f"{_app.PREFIX}.{'unknown' if path.unknown else path.name}"
+    options = dict(path.options)
+    if path.drive == "expire":
+        options["queue"] = run.spec["idle_queue"]
+    dispatched = time.monotonic_ns()
+    result = run.app.tasks[name].apply_async(
+        kwargs={"key": key}, unique_while=scope, unique_prefix=False, **options
+    )
+    seen = Observed(path, scope, result.id, dispatched)
+    if result.disposition is not Disposition.CREATED:
+        seen.errors.append(f"the dispatch was {result.disposition}")
+        return seen
+    deadline = time.monotonic() + LEASE_S + 15
+    released: float | None = None
+    while time.monotonic() < deadline:
+        run.sample(stored, seen)
+        drive(run, path, seen)
+        if released is None and seen.released_at is not None:
+            released = time.monotonic()
+        # Watch a while longer: runs that come after a release would show it was early.
+        ran_all = len([r for r in seen.starts if r["job"] == seen.job_id]) >= path.runs
+        if released is not None and ran_all and time.monotonic() - released > SETTLE_S:
+            break
+        time.sleep(SAMPLE_S)
+    else:
+        seen.errors.append("the key was never released, or the job never ran enough")
+        return seen
+    # The key is free (an exists key after its retention): a new dispatch creates.
+    free_by = time.monotonic() + RETENTION_S + 10
+    while run.store.get(stored) is not None and time.monotonic() < free_by:
+        time.sleep(SAMPLE_S)
+    probe = run.app.tasks[f"{_app.PREFIX}.probe"].apply_async(
+        kwargs={"key": key}, unique_while=scope, unique_prefix=False
+    )
+    seen.probe = probe.id
+    if probe.disposition is not Disposition.CREATED:
+        seen.errors.append(f"the probe after the release was {probe.disposition}")
+        return seen
+    ran_by = time.monotonic() + 30
+    while time.monotonic() < ran_by:
+        starts, _ = run.runs(probe.id)
+        if starts:
+            seen.probe_start = starts[0]["start"]
+            break
+        time.sleep(SAMPLE_S)
+    else:
+        seen.errors.append("the probe never ran")
+    return seen
+
+
+def drive(run: Pass, path: Path_, seen: Observed) -> None:
+    """Do to the job what its path says, once, when the time comes."""
+    if path.drive is None or seen.cut_at is not None:
+        return
+    elapsed = (time.monotonic_ns() - seen.dispatched) / 1e9
+    if path.drive in ("kill", "terminate"):
+        first = [record for record in seen.starts if record["run"] == 1]
+        # Not at once: a child killed before the worker heard it accept the job
+        # has the job run again elsewhere (billiard's rule), another path.
+        if not first or time.monotonic_ns() - first[0]["start"] < CUT_AFTER_S * 1e9:
+            return
+        seen.cut_at = time.monotonic_ns()
+        if path.drive == "kill":
+            os.kill(first[0]["pid"], signal.SIGKILL)
+        else:
+            run.app.control.revoke(seen.job_id, terminate=True)
+    elif path.drive == "revoke" and elapsed > 0.5:
+        seen.cut_at = time.monotonic_ns()
+        run.app.control.revoke(seen.job_id)
+    elif path.drive == "expire" and elapsed > path.options["expires"] + 1:
+        seen.cut_at = time.monotonic_ns()
+        run.app.control.add_consumer(
+            run.spec["idle_queue"], destination=[f"{run.worker.name}@{os.uname().nodename}"]
+        )
+
+
+def check(seen: Observed, broker: str) -> list[str]:
+    """What is wrong with one cell's observations (nothing, if the library is right)."""
+    problems = list(seen.errors)
+    path, scope = seen.path, seen.scope
+    if problems:
+        problems.append(f"samples: {summary(seen)}")
+    runs = [record for record in seen.starts if record["job"] == seen.job_id]
+    if len(runs) != path.runs:
+        problems.append(f"ran {len(runs)} times, Celery's semantics say {path.runs}")
+    released = seen.released_at
+    if released is None:
+        return [*problems, "the key was never released"]
+    before = [sample for sample in seen.samples if sample[0] < released]
+    strays = {holder for _, holder, _ in before if holder != seen.job_id}
+    if strays:
+        problems.append(f"before its release the key was held by {strays}")
+    kind, expected = seen.kind(), expected_kind(path, scope, broker)
+    if kind != expected:
+        problems.append(f"released at {kind!r}, expected at {expected!r}: {summary(seen)}")
+    last = seen.last_event
+    if scope != "queued" and last is not None and released < last:
+        problems.append(
+            f"released {(last - released) / 1e6:.0f} ms before the job's last run ended"
+        )
+    probe = seen.probe_start
+    if scope != "queued" and probe is not None and last is not None and probe < last:
+        problems.append("the probe ran before the job's last run ended")
+    return problems
+
+
+def summary(seen: Observed) -> str:
+    """The cell's story in relative milliseconds, for a failure message."""
+
+    def ms(at: int) -> int:
+        return (at - seen.dispatched) // 1_000_000
+
+    changes, last = [], None
+    for at, holder, finished in seen.samples:
+        state = (holder, finished)
+        if state != last:
+            changes.append(
+                f"{ms(at)}:{'free' if holder is None else holder[:8]}{'/fin' if finished else ''}"
+            )
+            last = state
+    runs = [f"run{r['run']}@{ms(r['start'])}" for r in seen.starts]
+    ends = [f"end{r['run']}@{ms(r['end'])}" for r in seen.ends]
+    cut = [] if seen.cut_at is None else [f"cut@{ms(seen.cut_at)}"]
+    return " ".join(changes + runs + ends + cut)
+
+
+def render(observed: list[Observed], broker: str, pool: str) -> str:
+    """The markdown table of one pass, as the docs show it."""
+    rows = [
+        f"**{broker} broker, `--pool={pool}`**",
+        "",
+        "| the job | runs | `queued` | `active` | `exists` |",
+        "|---|---|---|---|---|",
+    ]
+    by_cell = {(seen.path.name, seen.scope): seen for seen in observed}
+    for path in PATHS:
+        cells = [by_cell.get((path.name, scope)) for scope in SCOPES]
+        if not any(cells):
+            continue
+        runs = {len([r for r in c.starts if r["job"] == c.job_id]) for c in cells if c}
+        labels = [
+            LABELS.get((c.scope, c.kind()), c.kind()) if c else "n/a (needs prefork)" for c in cells
+        ]
+        rows.append(f"| {path.title} | {'/'.join(map(str, sorted(runs)))} | {' | '.join(labels)} |")
+    return "\n".join(rows) + "\n"
+
+
+def compare_with_docs(section: str, table: str) -> None:
+    """The docs' table of this pass must be what the pass observed (or is rewritten)."""
+    begin, end = f"<!-- {section} -->\n", f"<!-- /{section} -->\n"
+    text = MATRIX_DOC.read_text() if MATRIX_DOC.exists() else ""
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        documented, tail = rest.split(end, 1)
+    else:
+        head, documented, tail = text, None, ""
+    if os.environ.get("UPDATE_PATH_MATRIX") == "1":
+        MATRIX_DOC.parent.mkdir(parents=True, exist_ok=True)
+        MATRIX_DOC.write_text(head + begin + table + end + tail)
+        return
+    assert documented == table, (
+        f"docs/_generated/path-matrix.md ({section}) differs from what this run observed; "
+        "rerun with UPDATE_PATH_MATRIX=1 if the change is intended:\n" + table
+    )
+
+
+@pytest.fixture
+def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[[str, str], Pass]]:
+    """Start a worker for one broker and pool; everything is stopped afterwards."""
+    started: list[tuple[Worker, Celery, RedisStore, Any]] = []
+
+    def start(broker: str, pool: str) -> Pass:
+        if broker == "rabbitmq":
+            require_service("rabbitmq")
+            broker_url = f"amqp://guest:guest@127.0.0.1:{service_port('rabbitmq')}//"
+        else:
+            broker_url = services.url(1)
+        namespace = f"paths-{uuid.uuid4().hex[:10]}"
+        spec = {
+            "broker_url": broker_url,
+            "queue": fresh_queue_name(),
+            "idle_queue": fresh_queue_name(),
+            "store_url": services.url(0),
+            "marks_url": services.url(0),
+            "namespace": namespace,
+            "lease_s": LEASE_S,
+            "retention_s": RETENTION_S,
+            "prefetch": PREFETCH,
+        }
+        module = f"pathsapp_{namespace.replace('-', '_')}"
+        (tmp_path / f"{module}.py").write_text(
+            "import json, os\nfrom tests.paths._app import build\n"
+            "app = build(json.loads(os.environ['PATHS_SPEC']))\n"
+        )
+        worker = Worker(
+            tmp_path,
+            module,
+            [spec["queue"]],
+            f"paths-{pool}-{uuid.uuid4().hex[:6]}",
+            pool=pool,
+            concurrency=CONCURRENCY,
+            extra_args=["--without-heartbeat"],
+            env={"PATHS_SPEC": json.dumps(spec)},
+        )
+        app = _app.build(spec, producer=True)
+        store = RedisStore.from_url(spec["store_url"])
+        marks = redis.Redis.from_url(spec["marks_url"])
+        started.append((worker, app, store, marks))
+        worker.wait_ready()
+        return Pass(broker, pool, spec, app, store, marks, worker)
+
+    yield start
+    for worker, app, store, marks in started:
+        worker.close()
+        unique_config.reset(app)
+        app.close()
+        store.close()
+        marks.close()
+
+
+@pytest.mark.parametrize(
+    ("broker", "pool"),
+    [
+        ("redis", "prefork"),
+        pytest.param("rabbitmq", "prefork", marks=pytest.mark.rabbitmq),
+        ("redis", "threads"),
+    ],
+)
+def test_every_path_holds_its_key_exactly_while_its_job_can_run(
+    matrix_pass: Callable[[str, str], Pass], broker: str, pool: str
+) -> None:
+    """Each path x scope on a real worker: runs as Celery says, key held until its scope's point."""
+    run = matrix_pass(broker, pool)
+    only = os.environ.get("PATHS_ONLY")
+    cells = [
+        (path, scope)
+        for path in PATHS
+        for scope in SCOPES
+        if (pool == "prefork" or not path.prefork_only)
+        and (not only or path.name in only.split(","))
+    ]
+    with ThreadPoolExecutor(max_workers=len(cells)) as threads:
+        observed = list(threads.map(lambda cell: play(run, *cell), cells))
+    table = render(observed, broker, pool)
+    print(f"\n{table}")
+    problems = [
+        f"{seen.path.name} / {seen.scope} (job {seen.job_id}): {problem}"
+        for seen in observed
+        for problem in check(seen, broker)
+    ]
+    failing = {seen.job_id for seen in observed if check(seen, broker)}
+    lines = [line for line in run.worker.log().splitlines() if any(j in line for j in failing)]
+    assert not problems, "\n".join(problems) + "\n\nworker log:\n" + "\n".join(lines[-60:])
+    compare_with_docs(f"{broker}-{pool}", table)
+
+
+def test_the_docs_show_every_pass() -> None:
+    """The generated page has a table for each pass the matrix runs."""
+    text = MATRIX_DOC.read_text()
+    for section in ("redis-prefork", "rabbitmq-prefork", "redis-threads"):
+        assert f"<!-- {section} -->" in text, section
