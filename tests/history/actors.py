@@ -1,0 +1,429 @@
+"""The actors of a randomized run: the app (tasks, worker hooks) and the producer processes.
+
+Every actor appends what it does to a history file of its own (one JSON object
+per line, written with one ``write`` to a file opened for appending, so a
+process killed in the middle loses at most its last line):
+
+* producers: every dispatch, with what it asked for and what it got;
+* task bodies (pool children): the start and end of every run;
+* workers' main processes: every release of a job's key that reached the
+  store, every message dropped unrun, and each moment they owed the store
+  nothing any more;
+* producers too record that last moment (their undos of lost decisions).
+
+The app module a worker imports is two lines written by the orchestrator: it
+reads the run's :class:`Spec` from ``CHAOS_SPEC`` and calls :func:`build`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, Task, signals
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
+
+#: Modes a job body plays, and how often a producer picks each.
+MODES = {
+    "ok": 40,
+    "fail": 6,
+    "retry": 8,
+    "requeue": 6,
+    "ignore": 4,
+    "reject": 4,
+    "soft_limit": 3,
+    "hard_limit": 3,
+    "replace": 6,
+}
+SCOPES = ("queued", "active", "exists")
+SOFT_LIMIT_S = 0.3
+HARD_LIMIT_S = 0.8
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Everything an actor needs, as plain values (JSON in the worker's environment)."""
+
+    history: str
+    broker_url: str
+    store_url: str
+    marks_url: str
+    namespace: str
+    queue: str
+    lease_s: float
+    retention_s: float
+    window_s: float
+    keys: int = 8
+    window_keys: int = 4
+    #: The store's URL scheme is swapped for this one in workers and producers
+    #: (a deliberately broken store, to prove the checker catches it).
+    store_override: str | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Spec:
+        return cls(**json.loads(text))
+
+
+class Recorder:
+    """Appends events to this process's history file (reopened after a fork)."""
+
+    def __init__(self, directory: str, name: str) -> None:
+        self.directory, self.name = Path(directory), name
+        self._fd: int | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = (json.dumps({"e": event, **fields}) + "\n").encode()
+        with self._lock:
+            if self._fd is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                path = self.directory / f"{self.name}-{self._pid}.jsonl"
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self._fd, line)
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+_marks: dict[tuple[int, str], Any] = {}
+
+
+def marks(url: str) -> Any:
+    import redis
+
+    slot = (os.getpid(), url)
+    if slot not in _marks:
+        _marks[slot] = redis.Redis.from_url(url)
+    return _marks[slot]
+
+
+def watch_settling(record: Recorder, proc: str) -> None:
+    """Record each moment this process stops owing the store anything (a daemon thread)."""
+    from celery_unique import cleanup
+
+    def loop() -> None:
+        owed = False
+        while True:
+            pending = cleanup.pending()
+            if owed and not pending:
+                record("settled", proc=proc, t=now())
+            owed = bool(pending)
+            time.sleep(0.01)
+
+    threading.Thread(target=loop, name="chaos-settling", daemon=True).start()
+
+
+def build(spec: Spec, *, role: str) -> Celery:
+    """The app, for a worker (``role="worker"``) or a producer."""
+    from celery_unique import UniqueTask
+    from celery_unique import signals as unique_signals
+    from celery_unique.keyspace import split_storage_key
+    from celery_unique.worker.fates import Replaced
+
+    if spec.store_override:
+        from celery_unique import stores
+
+        stores.STORES[spec.store_override.split(":", 1)[0]] = spec.store_override.split(":", 1)[1]
+    record = Recorder(spec.history, role)
+    app = Celery(f"chaos-{spec.namespace}", set_as_current=False)
+    app.conf.update(
+        broker_url=spec.broker_url,
+        task_default_queue=spec.queue,
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={
+            "visibility_timeout": 6,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": 3,
+        },
+        result_expires=spec.retention_s,
+        unique_backend=spec.store_url
+        if not spec.store_override
+        else spec.store_url.replace("redis://", spec.store_override.split(":", 1)[0] + "://", 1),
+        unique_namespace=spec.namespace,
+        unique_lease=spec.lease_s,
+        worker_hijack_root_logger=False,
+        **spec.settings,
+    )
+
+    def body(task: Any, key: str | None, mode: str, hold_ms: int) -> None:
+        """Record the run, play the mode, record how it ended."""
+        job = task.request.id
+        run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
+        limits = {"limit_s": HARD_LIMIT_S} if mode in ("soft_limit", "hard_limit") else {}
+        record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
+        outcome = "ok"
+        try:
+            time.sleep(hold_ms / 1000)
+            if mode == "fail":
+                if task.request.retries < 1:
+                    raise task.retry(countdown=0.05, max_retries=1)
+                raise ValueError("failed for good")
+            if mode == "retry" and task.request.retries < 1:
+                raise task.retry(countdown=0.05)
+            if mode == "requeue" and run == 1:
+                raise Reject("requeued", requeue=True)
+            if mode == "reject":
+                raise Reject("dropped", requeue=False)
+            if mode == "ignore":
+                raise Ignore()
+            if mode in ("soft_limit", "hard_limit") and run == 1:
+                try:
+                    time.sleep(HARD_LIMIT_S * 3)
+                except SoftTimeLimitExceeded:
+                    if mode == "soft_limit":
+                        raise
+                    time.sleep(HARD_LIMIT_S * 3)  # on to the hard limit, which kills it
+            if mode == "replace" and run == 1:
+                raise task.replace(tail.s(key=key, mode="ok", hold_ms=hold_ms))
+        except Retry:
+            outcome = "retry"
+            raise
+        except Replaced:
+            outcome = "replace"
+            raise
+        except Ignore:
+            outcome = "ignore"
+            raise
+        except Reject as rejected:
+            outcome = "requeue" if rejected.requeue else "reject"
+            raise
+        except SoftTimeLimitExceeded:
+            outcome = "soft_limit"
+            raise
+        except BaseException:
+            outcome = "fail"
+            raise
+        finally:
+            record("end", job=job, run=run, outcome=outcome, t=now())
+
+    limits = {"soft_time_limit": SOFT_LIMIT_S, "time_limit": HARD_LIMIT_S}
+
+    @app.task(
+        name="chaos.job",
+        bind=True,
+        base=UniqueTask,
+        unique_key=lambda job: job.key,
+        unique_prefix=False,
+        unique_overridable=True,
+        **limits,
+    )
+    def job(self: Any, key: str, mode: str = "ok", hold_ms: int = 100, nonce: str = "") -> None:
+        body(self, key, mode, hold_ms)
+
+    @app.task(name="chaos.given", bind=True, base=UniqueTask, **limits)
+    def given(self: Any, key: str, mode: str = "ok", hold_ms: int = 100, nonce: str = "") -> None:
+        body(self, key, mode, hold_ms)
+
+    @app.task(
+        name="chaos.order",
+        bind=True,
+        base=UniqueTask,
+        unique_window_key=lambda job: job.wkey,
+        unique_window=spec.window_s,
+        **limits,
+    )
+    def order(self: Any, wkey: str, req: str, mode: str = "ok", hold_ms: int = 100) -> None:
+        body(self, None, mode, hold_ms)
+
+    @app.task(name="chaos.tail", bind=True, base=Task)
+    def tail(self: Any, key: str | None, mode: str = "ok", hold_ms: int = 100) -> None:
+        body(self, key, mode, hold_ms)
+
+    if role == "worker":
+
+        def released(job_id: str = "", storage_key: str = "", reason: Any = None, **_: Any) -> None:
+            key = split_storage_key(storage_key)[3]
+            record(
+                "released",
+                job=job_id,
+                key=key,
+                reason=str(getattr(reason, "value", reason)),
+                t=now(),
+            )
+
+        def revoked(request: Any = None, **_: Any) -> None:
+            if request is not None:
+                record("dropped", job=request.id, t=now())
+
+        def received(request: Any = None, **_: Any) -> None:
+            if request is not None:
+                record("received", job=request.id, t=now())
+
+        def main_started(**_: Any) -> None:
+            watch_settling(record, f"worker-{os.getpid()}")
+
+        unique_signals.key_released.connect(released, weak=False, dispatch_uid="chaos.released")
+        signals.task_revoked.connect(revoked, weak=False, dispatch_uid="chaos.revoked")
+        signals.task_received.connect(received, weak=False, dispatch_uid="chaos.received")
+        signals.worker_init.connect(main_started, weak=False, dispatch_uid="chaos.settling")
+    app.finalize()
+    return app
+
+
+# -- producers ---------------------------------------------------------------------------
+
+
+def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) -> None:
+    """One producer process: dispatch at random until ``until`` (a ``time.time()``)."""
+    from celery_unique import UniquenessError, cleanup, dispatch_many
+    from celery_unique import config as unique_config
+
+    proc = f"p{index}"
+    # Conflicts and reuses are the point here: keep their log lines out of the way.
+    logging.getLogger("celery_unique").setLevel(logging.ERROR)
+    record = Recorder(spec.history, f"producer-{index}")
+    watch_settling(record, proc)
+    app = build(spec, role="producer")
+    draw = random.Random(seed * 1009 + index)
+    modes, weights = list(MODES), list(MODES.values())
+    tasks = app.tasks
+    count = 0
+
+    def item_for(
+        task: Any, jid: str, key: str | None, scope: str | None, **extra: Any
+    ) -> dict[str, Any]:
+        return {"jid": jid, "task": task.name, "key": key, "scope": scope, **extra}
+
+    def outcome(item: dict[str, Any], result: Any) -> dict[str, Any]:
+        if isinstance(result, UniquenessError):
+            return {**item, **error_fields(result)}
+        out = result.disposition.value
+        match = result.duplicate_match.value if result.duplicate_match else None
+        return {**item, "out": out, "job": result.id, "match": match}
+
+    def error_fields(error: Exception) -> dict[str, Any]:
+        if not isinstance(error, UniquenessError):
+            # The broker failed the publish (its keys were rolled back). It may
+            # have been delivered all the same (a lost reply): then it runs unkeyed.
+            return {"out": "error", "job": None, "code": "publish_failed", "detail": repr(error)}
+        code = error.code
+        if code in ("uniqueness_conflict",):
+            return {"out": "conflict", "job": error.conflicting_job_id, "code": code}  # type: ignore[attr-defined]
+        return {
+            "out": "error",
+            "job": None,
+            "code": code,
+            "maybe_applied": bool(getattr(error, "maybe_applied", False)),
+        }
+
+    def active(task_name: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        key = f"k{draw.randrange(spec.keys)}"
+        scope = draw.choice(SCOPES)
+        mode = draw.choices(modes, weights)[0]
+        args = {
+            "key": key,
+            "mode": mode,
+            "hold_ms": draw.randrange(20, 300),
+            "nonce": uuid.uuid4().hex[:6],
+        }
+        task = tasks[task_name]
+        options: dict[str, Any] = {"unique_while": scope}
+        if task_name == "chaos.given":
+            options.update(unique_key=key, unique_prefix=False)
+        return task, args, {"key": key, "scope": scope, **options}
+
+    def window() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        wkey = f"w{draw.randrange(spec.window_keys)}"
+        req = draw.choice("AB")
+        # The same request is the same arguments: derived from (window key, request).
+        rng = random.Random(f"{wkey}{req}")
+        args = {
+            "wkey": wkey,
+            "req": req,
+            "mode": rng.choice(["ok", "ok", "retry", "fail"]),
+            "hold_ms": rng.randrange(20, 200),
+        }
+        return (
+            tasks["chaos.order"],
+            args,
+            {"wkey": wkey, "req": req, "window_ms": int(spec.window_s * 1000)},
+        )
+
+    try:
+        while time.time() < until:
+            roll = draw.random()
+            t0 = now()
+            if roll < 0.12:
+                parts = [
+                    active(draw.choice(["chaos.job", "chaos.given"]))
+                    for _ in range(draw.randrange(2, 6))
+                ]
+                # In-batch duplicates: some items repeat an earlier item's key.
+                signatures, items = [], []
+                for task, args, meta in parts:
+                    jid = uuid.uuid4().hex
+                    options = {
+                        k: v
+                        for k, v in meta.items()
+                        if k in ("unique_while", "unique_key", "unique_prefix")
+                    }
+                    signatures.append(task.s(**args).set(task_id=jid, **options))
+                    items.append(item_for(task, jid, meta["key"], meta["scope"]))
+                keep_going = draw.random() < 0.5
+                try:
+                    results = dispatch_many(signatures, continue_on_conflict=keep_going)
+                    done = [
+                        outcome(item, result) for item, result in zip(items, results, strict=True)
+                    ]
+                except Exception as error:
+                    done = [{**item, **error_fields(error)} for item in items]
+                record("dispatch", proc=proc, t0=t0, t1=now(), batch=True, items=done)
+            elif roll < 0.30:
+                task, args, meta = window()
+                jid = uuid.uuid4().hex
+                item = item_for(task, jid, None, None, **meta)
+                try:
+                    done = outcome(item, task.apply_async(kwargs=args, task_id=jid))
+                except Exception as error:
+                    done = {**item, **error_fields(error)}
+                record("dispatch", proc=proc, t0=t0, t1=now(), batch=False, items=[done])
+            elif roll < 0.31:
+                # Revoke a job, waiting or running.
+                jobs = marks(spec.marks_url).lrange(f"{spec.namespace}:created", -20, -1)
+                if jobs:
+                    victim = draw.choice(jobs).decode()
+                    app.control.revoke(victim, terminate=draw.random() < 0.5)
+                    record("revoke", proc=proc, job=victim, t=t0)
+            else:
+                task, args, meta = active(draw.choice(["chaos.job", "chaos.job", "chaos.given"]))
+                jid = uuid.uuid4().hex
+                options = {
+                    k: v
+                    for k, v in meta.items()
+                    if k in ("unique_while", "unique_key", "unique_prefix")
+                }
+                item = item_for(task, jid, meta["key"], meta["scope"])
+                try:
+                    done = outcome(item, task.apply_async(kwargs=args, task_id=jid, **options))
+                except Exception as error:
+                    done = {**item, **error_fields(error)}
+                record("dispatch", proc=proc, t0=t0, t1=now(), batch=False, items=[done])
+                if done["out"] == "created":
+                    marks(spec.marks_url).rpush(f"{spec.namespace}:created", done["job"])
+            count += 1
+            time.sleep(draw.uniform(0, 0.03))
+        cleanup.flush(30)
+        record("settled", proc=proc, t=now())
+    finally:
+        done_queue.put((index, count))
+        unique_config.reset(app)
+        app.close()

@@ -1,0 +1,615 @@
+"""Check a recorded history of dispatches, runs and releases against the library's invariants.
+
+A *history* is every event the actors of a randomized run appended to their
+files (one JSON object per line, times from ``time.monotonic_ns()``, which is
+one clock for every process of a Linux machine):
+
+``dispatch`` (a producer)
+    ``proc``, ``t0``/``t1`` (invoked, returned), ``items``: one per job asked
+    for (a single dispatch has one, a ``dispatch_many`` batch several), each
+    with ``jid`` (the id the dispatch asked for), ``task``, ``key`` and
+    ``scope`` (an active key, or ``None``), ``wkey``/``req``/``window_ms`` (a
+    window key, which request, how long), ``out`` (``created``, ``reused``,
+    ``conflict``, ``error``), ``job`` (the job it resolved to), ``match``
+    (``active``/``window``), ``code`` and ``maybe_applied`` (errors).
+``start`` / ``end`` (a task body)
+    ``job``, ``run`` (1, 2, ... per job id), ``key``, ``pid``, ``t``; an end
+    has ``outcome``: ``ok``, ``fail``, ``ignore``, ``reject``, ``soft_limit``
+    (final), ``retry``, ``requeue``, ``replace`` (the job goes on). A run cut
+    short (a killed pool child, a hard time limit) has no end.
+``released`` (a worker's main process)
+    ``job``, ``key``, ``t``: a release of the job's key reached the store and
+    changed it.
+``dropped`` (a worker's main process): ``job``, ``t``: discarded unrun (revoked, expired).
+``settled`` (any process): ``proc``, ``t``: the process owed the store nothing any more.
+``kill`` (the orchestrator): ``pids``, ``node``, ``t``, ``whole`` (the node) or a child.
+``fault`` (the orchestrator): ``kind``, ``t0``, ``t1``: the store or broker was impaired.
+``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
+
+:func:`check` verifies:
+
+I1 at most one run per active key at a time
+    Runs of two jobs under one key never overlap when the later-created job
+    was created while the earlier one held the key in scope ``active`` or
+    ``exists`` (a ``queued`` key is free once its job starts: overlap there
+    is by design).
+I2 no phantom holder
+    A dispatch handed an existing job (``reused``) names a job that was
+    created, and that could still run when the dispatch began, or whose end
+    was too recent for its release to have landed (the release latency is
+    bounded, see :data:`RELEASE_WITHIN_NS`), or whose key is kept on purpose
+    (``exists`` retention). Or it names the job of a dispatch whose answer was
+    lost, before that dispatch's process had undone it. Or a release was lost
+    with a killed worker, within the lease.
+I3 every created job ends
+    It ran to a final outcome, or was dropped unrun.
+I4 nothing left behind
+    After quiescence (and a lease after the last lost worker), no unfinished
+    active key is held: every release, rollback and undo has landed.
+I5 window keys
+    For a window's whole length, the same request gets the same job, and a
+    different request a conflict naming that job.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Outcomes of a run after which the job never runs again.
+FINAL = frozenset({"ok", "fail", "ignore", "reject", "soft_limit", "hard_limit"})
+#: Outcomes of a run after which the job goes on under its id.
+GOES_ON = frozenset({"retry", "requeue", "replace"})
+#: How long after a job's end its release may take to land in the store, when
+#: the store is answering: the worker's main process settles the message, then
+#: its background thread sends the release.
+RELEASE_WITHIN_NS = 2_000_000_000
+#: After an impairment of the store ends, how long owed writes may take to land.
+AFTER_FAULT_NS = 5_000_000_000
+#: Slack at the edges of a window (the store's clock against the actors').
+WINDOW_SLACK_NS = 200_000_000
+
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5")
+DESCRIPTIONS = {
+    "I1": "at most one run per active key at a time",
+    "I2": "no phantom holder",
+    "I3": "every created job ends",
+    "I4": "nothing left behind",
+    "I5": "window keys: same request same job, other request conflict",
+}
+
+
+@dataclass
+class Violation:
+    invariant: str
+    message: str
+    #: The events that show it, in time order.
+    slice: list[dict[str, Any]] = field(default_factory=list)
+
+    def render(self, origin: int) -> str:
+        lines = [f"{self.invariant}: {self.message}"]
+        for event in self.slice:
+            lines.append("    " + _brief(event, origin))
+        return "\n".join(lines)
+
+
+@dataclass
+class Run:
+    job: str
+    number: int
+    key: str | None
+    pid: int
+    start: int
+    end: int | None = None
+    outcome: str | None = None
+    #: When the run cannot have lasted longer (its child was killed), if it has no end.
+    cut: int | None = None
+    #: Its hard time limit, if it has one (a run cut by it has no end either).
+    limit_s: float | None = None
+
+    @property
+    def until(self) -> int | None:
+        return self.end if self.end is not None else self.cut
+
+
+@dataclass
+class Job:
+    """A job some dispatch created."""
+
+    id: str
+    key: str | None
+    scope: str | None
+    created: int
+    dispatch: dict[str, Any]
+    item: dict[str, Any]
+    runs: list[Run] = field(default_factory=list)
+    dropped: int | None = None
+    released: list[int] = field(default_factory=list)
+    #: When a worker received one of its messages.
+    received: list[int] = field(default_factory=list)
+
+    def unheld_for(self, lease_ns: int, before: int) -> bool:
+        """Whether, before ``before``, no worker held the job for long enough that its
+        key's lease may have run out (renewed every third of it by a holding worker)."""
+        touches = sorted(
+            [self.created, *self.received, *(r.start for r in self.runs)]
+            + [r.until for r in self.runs if r.until is not None]
+        )
+        touches = [t for t in touches if t <= before] + [before]
+        limit = lease_ns * 2 // 3
+        return any(b - a >= limit for a, b in itertools.pairwise(touches))
+
+    def final_end(self) -> int | None:
+        """When the job could no longer run; ``None`` if it never got there."""
+        ends: list[int] = []
+        if self.runs:
+            last = max(self.runs, key=lambda run: (run.start, run.number))
+            if last.outcome in FINAL and last.end is not None:
+                ends.append(last.end)
+            elif last.outcome is None and last.end is None and last.cut is not None:
+                ends.append(last.cut)  # cut short for good: a hard time limit
+        if self.dropped is not None:
+            ends.append(self.dropped)
+        return max(ends) if ends else None
+
+
+@dataclass
+class History:
+    events: list[dict[str, Any]]
+
+    @classmethod
+    def load(cls, directory: Path) -> History:
+        events: list[dict[str, Any]] = []
+        for path in sorted(directory.glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                # A process killed in the middle of a write leaves a partial last line.
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+        return cls(events)
+
+    def of(self, kind: str) -> Iterator[dict[str, Any]]:
+        return (event for event in self.events if event["e"] == kind)
+
+    @property
+    def origin(self) -> int:
+        times = [_time(event) for event in self.events]
+        return min(times) if times else 0
+
+
+def _time(event: dict[str, Any]) -> int:
+    return int(event.get("t0", event.get("t", 0)))
+
+
+@dataclass
+class Report:
+    """What a checked history holds, and what is wrong with it."""
+
+    violations: list[Violation]
+    counts: dict[str, int]
+
+    def by_invariant(self) -> dict[str, int]:
+        found = dict.fromkeys(INVARIANTS, 0)
+        for violation in self.violations:
+            found[violation.invariant] += 1
+        return found
+
+
+class _Faults:
+    """When the store was impaired (faults of its own, or of its server)."""
+
+    def __init__(self, history: History) -> None:
+        spans = sorted(
+            (int(event["t0"]), int(event["t1"]))
+            for event in history.of("fault")
+            if event.get("target") == "store"
+        )
+        self.spans = spans
+
+    def settled_by(self, start: int, end: int) -> int:
+        """The latest moment owed writes due in ``[start, end]`` may land."""
+        latest = end
+        for t0, t1 in self.spans:
+            if t0 <= latest and t1 >= start:
+                latest = max(latest, t1 + AFTER_FAULT_NS)
+        return latest
+
+
+def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[str, Any]]]]:
+    """Created jobs by id, and the items of failed dispatches by the job id they asked for."""
+    jobs: dict[str, Job] = {}
+    failed: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item["out"] == "created":
+                jobs[item["job"]] = Job(
+                    item["job"], item.get("key"), item.get("scope"), dispatch["t1"], dispatch, item
+                )
+            elif item["out"] == "error":
+                failed[item["jid"]].append({**item, "proc": dispatch["proc"], "t1": dispatch["t1"]})
+    kills = sorted((int(e["t"]), set(e["pids"])) for e in history.of("kill"))
+    runs: dict[tuple[str, int], Run] = {}
+    for event in history.of("start"):
+        run = Run(
+            event["job"],
+            event["run"],
+            event.get("key"),
+            event["pid"],
+            event["t"],
+            limit_s=event.get("limit_s"),
+        )
+        runs[(run.job, run.number)] = run
+    for event in history.of("end"):
+        run = runs.get((event["job"], event["run"]))
+        if run is not None:
+            run.end, run.outcome = event["t"], event["outcome"]
+    for run in runs.values():
+        if run.end is None:
+            run.cut = next((t for t, pids in kills if t >= run.start and run.pid in pids), None)
+            if run.cut is None and run.limit_s is not None:
+                # Cut by the pool at its hard time limit (and killed within a second or so).
+                run.cut = int(run.start + (run.limit_s + 2) * 1e9)
+        job = jobs.get(run.job)
+        if job is not None:
+            job.runs.append(run)
+    for event in history.of("dropped"):
+        job = jobs.get(event["job"])
+        if job is not None:
+            job.dropped = max(job.dropped or 0, event["t"])
+    for event in history.of("released"):
+        job = jobs.get(event["job"])
+        if job is not None and event.get("reason") != "started":
+            job.released.append(event["t"])
+    for event in history.of("received"):
+        job = jobs.get(event["job"])
+        if job is not None:
+            job.received.append(event["t"])
+    return jobs, failed
+
+
+def check(history: History) -> Report:
+    """Every violation of I1..I5 in ``history``."""
+    jobs, failed = build_jobs(history)
+    faults = _Faults(history)
+    violations: list[Violation] = []
+    lapses: set[str] = set()
+    violations += _overlaps(history, jobs, lapses)
+    violations += _phantoms(history, jobs, failed, faults)
+    violations += _unended(history, jobs)
+    violations += _left_behind(history, jobs)
+    violations += _windows(history, jobs, failed)
+    dispatches = list(history.of("dispatch"))
+    items = [item for d in dispatches for item in d["items"]]
+    counts = {
+        "dispatches": len(items),
+        "created": sum(item["out"] == "created" for item in items),
+        "reused": sum(item["out"] == "reused" for item in items),
+        "conflicts": sum(item["out"] == "conflict" for item in items),
+        "errors": sum(item["out"] == "error" for item in items),
+        "runs": sum(1 for _ in history.of("start")),
+        "lease lapses": len(lapses),
+        "uncertain publishes that ran": len(
+            {e["job"] for e in history.of("start")} & set(failed) - set(jobs)
+        ),
+    }
+    return Report(violations, counts)
+
+
+# -- I1 -------------------------------------------------------------------------------
+
+
+def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[Violation]:
+    found: list[Violation] = []
+    lease_ns = _lease_ns(history)
+    closing = max((_time(event) for event in history.events), default=0)
+    by_key: dict[str, list[tuple[int, int, Job]]] = defaultdict(list)
+    for job in jobs.values():
+        if job.key is None:
+            continue
+        for run in job.runs:
+            # A run of unknown end counts as lasting to the end of the history.
+            until = run.until if run.until is not None else closing
+            by_key[job.key].append((run.start, until, job))
+    for key, runs in by_key.items():
+        runs.sort(key=lambda run: run[0])
+        for i, (_start, until, job) in enumerate(runs):
+            for other_start, other_until, other in runs[i + 1 :]:
+                if other_start >= until:
+                    break
+                if other.id == job.id:
+                    continue
+                first, later = sorted((job, other), key=lambda j: j.created)
+                if first.scope not in ("active", "exists"):
+                    continue  # a queued key is free once its job starts
+                if first.unheld_for(lease_ns, later.created):
+                    lapses.add(first.id)  # no worker held it for a lease: documented
+                    continue
+                overlap = min(until, other_until) - other_start
+                found.append(
+                    Violation(
+                        "I1",
+                        f"jobs {first.id} and {later.id} ran at once under key {key!r} "
+                        f"({first.scope}): {_ms(overlap)} of overlap",
+                        _slice(history, {first.id, later.id}),
+                    )
+                )
+    return found
+
+
+# -- I2 -------------------------------------------------------------------------------
+
+
+def _phantoms(
+    history: History,
+    jobs: dict[str, Job],
+    failed: dict[str, list[dict[str, Any]]],
+    faults: _Faults,
+) -> list[Violation]:
+    found: list[Violation] = []
+    settled: dict[str, list[int]] = defaultdict(list)
+    for event in history.of("settled"):
+        settled[event["proc"]].append(event["t"])
+    for times in settled.values():
+        times.sort()
+    lease_ns = _lease_ns(history)
+    node_kills = _node_kills(history)
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item["out"] != "reused":
+                continue
+            name = item["job"]
+            job = jobs.get(name)
+            t0 = dispatch["t0"]
+            if job is None:
+                if _undone_later(failed.get(name, ()), settled, t0):
+                    continue
+                found.append(
+                    Violation(
+                        "I2",
+                        f"a dispatch was handed job {name}, which no dispatch created "
+                        "(and no lost decision explains)",
+                        _slice(history, {name}, around=t0),
+                    )
+                )
+                continue
+            if item.get("match") == "window":
+                continue  # a window names its job for the whole window, by design (I5)
+            end = job.final_end()
+            if end is None or t0 <= end:
+                continue  # it could still run
+            if job.scope == "exists":
+                continue  # kept on purpose after the end (its retention)
+            landed = min(job.released) if job.released else None
+            if landed is not None and t0 < landed <= faults.settled_by(
+                end, end + RELEASE_WITHIN_NS
+            ):
+                continue  # its release was on its way, and came in time
+            if landed is None and _release_died(end, node_kills) and t0 < end + lease_ns:
+                continue  # the release died with its worker: the lease frees the key
+            found.append(
+                Violation(
+                    "I2",
+                    f"a dispatch was handed job {name}, which had ended "
+                    f"{_ms(t0 - end)} before (its release "
+                    + ("never landed" if landed is None else f"landed {_ms(landed - end)} after")
+                    + ")",
+                    _slice(history, {name}, around=t0),
+                )
+            )
+    return found
+
+
+def _undone_later(
+    failures: Iterable[dict[str, Any]], settled: dict[str, list[int]], t0: int
+) -> bool:
+    """Whether a dispatch that failed asked for this job, and its process settled after ``t0``.
+
+    A process settles when it owes the store nothing: the undo of that lost
+    decision has landed by then.
+    """
+    for failure in failures:
+        times = settled.get(failure["proc"], [])
+        after = bisect.bisect_left(times, failure["t1"])
+        if after < len(times) and t0 < times[after]:
+            return True
+    return False
+
+
+def _release_died(end: int, node_kills: list[int]) -> bool:
+    """Whether a worker died while the release of a job that ended at ``end`` was owed.
+
+    (A crash is found a moment after it happened, so the window is generous.)
+    """
+    return any(end - 1e9 <= kill <= end + RELEASE_WITHIN_NS + 1e9 for kill in node_kills)
+
+
+def _node_kills(history: History) -> list[int]:
+    return sorted(int(e["t"]) for e in history.of("kill") if e.get("whole"))
+
+
+def _lease_ns(history: History) -> int:
+    for event in history.of("config"):
+        return int(float(event["lease_s"]) * 1e9)
+    return 3600 * 10**9
+
+
+# -- I3 -------------------------------------------------------------------------------
+
+
+def _unended(history: History, jobs: dict[str, Job]) -> list[Violation]:
+    found: list[Violation] = []
+    for job in jobs.values():
+        if job.final_end() is None:
+            runs = (
+                ", ".join(f"run {r.number}: {r.outcome or 'cut'}" for r in job.runs) or "never ran"
+            )
+            found.append(
+                Violation(
+                    "I3",
+                    f"job {job.id} (key {job.key!r}, window {job.item.get('wkey')!r}) "
+                    f"never reached an end ({runs})",
+                    _slice(history, {job.id}),
+                )
+            )
+    return found
+
+
+# -- I4 -------------------------------------------------------------------------------
+
+
+def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
+    found: list[Violation] = []
+    node_kills, lease_ns = _node_kills(history), _lease_ns(history)
+    for snapshot in history.of("keys"):
+        for held in snapshot["held"]:
+            if held["kind"] != "active" or held["finished"]:
+                continue
+            job = jobs.get(held["job"])
+            end = None if job is None else job.final_end()
+            if (
+                job is not None
+                and end is not None
+                and not job.released
+                and _release_died(end, node_kills)
+                and snapshot["t"] < end + lease_ns
+            ):
+                continue  # its release died with its worker: the lease will free it
+            what = "a job no dispatch created" if job is None else f"job {held['job']}"
+            found.append(
+                Violation(
+                    "I4",
+                    f"after quiescence, active key {held['key']!r} is still held by {what}",
+                    _slice(history, {held["job"]}),
+                )
+            )
+    return found
+
+
+# -- I5 -------------------------------------------------------------------------------
+
+
+def _windows(
+    history: History, jobs: dict[str, Job], failed: dict[str, list[dict[str, Any]]]
+) -> list[Violation]:
+    """I5, per window key, in the order dispatches returned.
+
+    A window starts when its job's dispatch is decided (somewhere in that
+    dispatch's ``[t0, t1]``) and lasts ``window_ms``: a new job may be created
+    once it may have ended, and the job is named (reused, or by a conflict)
+    only while it may still run. A window whose job was never created (the
+    answer was lost, and undone) gives way to the next one.
+    """
+    found: list[Violation] = []
+    per_key: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item.get("wkey") and item["out"] != "error":
+                per_key[item["wkey"]].append((dispatch, item))
+    for wkey, seen in per_key.items():
+        seen.sort(key=lambda pair: pair[0]["t1"])
+        holder: str | None = None
+        request: Any = None
+        # The window began when its job's creating dispatch was decided: not
+        # before that dispatch was invoked, not after any dispatch naming the
+        # job returned (one may return before the creating one does).
+        earliest = latest = 0
+        for dispatch, item in seen:
+            job, t0, t1 = item.get("job"), dispatch["t0"], dispatch["t1"]
+            window = int(item["window_ms"] * 1e6)
+            may_have_ended = t1 >= earliest + window - WINDOW_SLACK_NS
+            has_ended = t0 > latest + window + WINDOW_SLACK_NS
+            gives_way = holder is None or holder not in jobs or may_have_ended
+            if job == holder:
+                if item["out"] == "created":
+                    earliest = min(earliest, t0)
+                if request is None and item["out"] != "conflict":
+                    request = item["req"]  # first seen through a conflict, now known
+                if has_ended and item["out"] != "created":
+                    found.append(
+                        Violation(
+                            "I5",
+                            f"window key {wkey!r} named job {job} "
+                            f"{_ms(t0 - latest - window)} after its window ended",
+                            _slice(history, {job}),
+                        )
+                    )
+                elif item["out"] == "reused" and item["req"] != request:
+                    found.append(
+                        Violation(
+                            "I5",
+                            f"window key {wkey!r}: request {item['req']!r} was handed job "
+                            f"{holder} of request {request!r} instead of a conflict",
+                            _slice(history, {holder}),
+                        )
+                    )
+                elif item["out"] == "conflict" and item["req"] == request:
+                    found.append(
+                        Violation(
+                            "I5",
+                            f"window key {wkey!r}: the same request {request!r} was refused "
+                            f"as a conflict with job {job}",
+                            _slice(history, {holder}),
+                        )
+                    )
+                continue
+            if gives_way:
+                holder, request, earliest, latest = job, item["req"], t0, t1
+                if item["out"] == "conflict":
+                    request = None  # the holder's request is not this one; unknown yet
+                continue
+            found.append(
+                Violation(
+                    "I5",
+                    f"window key {wkey!r} {item['out']} job {job} while job {holder} held it",
+                    _slice(history, {job, holder}),
+                )
+            )
+    return found
+
+
+# -- reporting ------------------------------------------------------------------------------
+
+
+def _slice(
+    history: History, jobs: set[str | None], around: int | None = None
+) -> list[dict[str, Any]]:
+    """The events about ``jobs`` (and, with ``around``, the dispatch at that time)."""
+    picked = []
+    for event in history.events:
+        if event.get("job") in jobs or (
+            event["e"] == "dispatch"
+            and (
+                any(item.get("job") in jobs or item.get("jid") in jobs for item in event["items"])
+                or event.get("t0") == around
+            )
+        ):
+            picked.append(event)
+    picked.sort(key=_time)
+    return picked[:40]
+
+
+def _ms(ns: int | float) -> str:
+    return f"{ns / 1e6:.0f} ms"
+
+
+def _brief(event: dict[str, Any], origin: int) -> str:
+    at = f"{(_time(event) - origin) / 1e9:9.3f}s"
+    if event["e"] == "dispatch":
+        parts = [
+            f"{i['out']}{'(' + i['match'] + ')' if i.get('match') else ''} "
+            f"{(i.get('job') or i.get('jid') or '')[:8]} key={i.get('key')} "
+            f"w={i.get('wkey')}/{i.get('req')} {i.get('code') or ''}".rstrip()
+            for i in event["items"]
+        ]
+        return f"{at} {event['proc']} dispatch [{'; '.join(parts)}]"
+    rest = {k: v for k, v in event.items() if k not in ("e", "t", "t0")}
+    if "job" in rest:
+        rest["job"] = str(rest["job"])[:8]
+    return f"{at} {event['e']} {rest}"

@@ -1,0 +1,232 @@
+"""The history checker catches a planted violation of each invariant, and passes clean histories."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.history.checker import History, check
+
+S = 1_000_000_000  # a second, in the histories' nanoseconds
+
+
+def dispatch(
+    t: float, *items: dict[str, Any], proc: str = "p0", took: float = 0.001
+) -> dict[str, Any]:
+    return {
+        "e": "dispatch",
+        "proc": proc,
+        "t0": int(t * S),
+        "t1": int((t + took) * S),
+        "items": list(items),
+    }
+
+
+def created(
+    job: str, key: str | None = "k", scope: str | None = "active", **extra: Any
+) -> dict[str, Any]:
+    return {"jid": job, "out": "created", "job": job, "key": key, "scope": scope, **extra}
+
+
+def reused(job: str, key: str | None = "k", match: str = "active", **extra: Any) -> dict[str, Any]:
+    return {"jid": "asked", "out": "reused", "job": job, "key": key, "match": match, **extra}
+
+
+def failed(jid: str, key: str = "k", maybe_applied: bool = True) -> dict[str, Any]:
+    return {
+        "jid": jid,
+        "out": "error",
+        "job": None,
+        "key": key,
+        "scope": "active",
+        "code": "backend_unavailable",
+        "maybe_applied": maybe_applied,
+    }
+
+
+def run(
+    job: str, start: float, end: float | None, outcome: str = "ok", n: int = 1, pid: int = 1
+) -> list[dict[str, Any]]:
+    events = [{"e": "start", "job": job, "run": n, "key": "k", "pid": pid, "t": int(start * S)}]
+    if end is not None:
+        events.append({"e": "end", "job": job, "run": n, "outcome": outcome, "t": int(end * S)})
+    return events
+
+
+def released(job: str, t: float) -> dict[str, Any]:
+    return {"e": "released", "job": job, "key": "k", "reason": "finished", "t": int(t * S)}
+
+
+def history(*parts: dict[str, Any] | list[dict[str, Any]]) -> History:
+    events: list[dict[str, Any]] = [{"e": "config", "lease_s": 60, "t": 0}]
+    for part in parts:
+        events += part if isinstance(part, list) else [part]
+    return History(events)
+
+
+def violations(events: History) -> dict[str, int]:
+    return {name: count for name, count in check(events).by_invariant().items() if count}
+
+
+def test_a_clean_history_passes() -> None:
+    """One job at a time per key, reuses while it may run, releases soon after it ends."""
+    clean = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, 1.5),
+        dispatch(1.2, reused("J1")),
+        released("J1", 1.51),
+        dispatch(2.0, created("J2")),
+        run("J2", 2.1, 2.3),
+        released("J2", 2.31),
+        {"e": "keys", "t": 10 * S, "held": []},
+    )
+    assert violations(clean) == {}
+
+
+def test_i1_catches_two_jobs_running_at_once_under_an_active_key() -> None:
+    """J2 was created while J1 held the key (active) and their runs overlap."""
+    bad = history(
+        dispatch(1.0, created("J1")),
+        dispatch(1.1, created("J2")),
+        run("J1", 1.2, 2.0),
+        run("J2", 1.5, 1.8, pid=2),
+        released("J1", 2.01),
+        released("J2", 1.81),
+    )
+    assert violations(bad) == {"I1": 1}
+
+
+def test_i1_allows_overlap_after_a_queued_key_was_freed() -> None:
+    """A queued key is free once its job starts: a new job may run alongside."""
+    fine = history(
+        dispatch(1.0, created("J1", scope="queued")),
+        run("J1", 1.2, 2.0),
+        dispatch(1.3, created("J2", scope="active")),
+        run("J2", 1.5, 1.8, pid=2),
+        released("J2", 1.81),
+    )
+    assert violations(fine) == {}
+
+
+def test_i2_catches_a_reuse_of_a_job_nobody_created() -> None:
+    """A reuse naming a job no dispatch created (and no lost answer explains) is a phantom."""
+    bad = history(dispatch(1.0, reused("ghost")))
+    assert violations(bad) == {"I2": 1}
+
+
+def test_i2_allows_the_phantom_of_a_lost_answer_until_it_is_undone() -> None:
+    """A lost decision's job may be handed out until its process settled, not after."""
+    until_undone = history(
+        dispatch(1.0, failed("L1")),
+        dispatch(1.2, reused("L1"), proc="p1"),
+        {"e": "settled", "proc": "p0", "t": int(1.5 * S)},
+    )
+    assert violations(until_undone) == {}
+    after = history(
+        dispatch(1.0, failed("L1")),
+        {"e": "settled", "proc": "p0", "t": int(1.5 * S)},
+        dispatch(2.0, reused("L1"), proc="p1"),
+    )
+    assert violations(after) == {"I2": 1}
+
+
+def test_i2_catches_a_finished_job_handed_out_long_after_its_end() -> None:
+    """J1 ended at 1.5 s and its key was released at 9 s: a reuse at 8 s names a finished job."""
+    bad = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, 1.5),
+        released("J1", 9.0),
+        dispatch(8.0, reused("J1")),
+    )
+    assert violations(bad) == {"I2": 1}
+
+
+def test_i2_allows_the_moment_between_the_end_and_the_release() -> None:
+    """A reuse between a job's end and its release landing (promptly) is not a phantom."""
+    fine = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, 1.5),
+        dispatch(1.52, reused("J1")),
+        released("J1", 1.55),
+    )
+    assert violations(fine) == {}
+
+
+def test_i3_catches_a_created_job_that_never_ran() -> None:
+    """A created job with no final run and no drop: lost."""
+    assert violations(history(dispatch(1.0, created("J1")))) == {"I3": 1}
+
+
+def test_i3_catches_a_job_whose_requeued_run_never_came() -> None:
+    """A run that ended by requeue is not an end: the job must run again."""
+    bad = history(dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="requeue"))
+    assert violations(bad) == {"I3": 1}
+
+
+def test_i4_catches_a_key_left_held_after_quiescence() -> None:
+    """An unfinished active key held once everything drained is left behind."""
+    bad = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, 1.2),
+        released("J1", 1.21),
+        {
+            "e": "keys",
+            "t": 10 * S,
+            "held": [{"key": "k", "kind": "active", "job": "J1", "finished": False}],
+        },
+    )
+    assert violations(bad) == {"I4": 1}
+
+
+def window(job: str, out: str, req: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "jid": job,
+        "out": out,
+        "job": job,
+        "key": None,
+        "wkey": "w",
+        "req": req,
+        "window_ms": 5000,
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("second", "expected"),
+    [
+        (window("J1", "reused", "A", match="window"), {}),
+        (window("J1", "conflict", "B"), {}),
+        (window("J2", "created", "A"), {"I5": 1}),  # a second job inside the window
+        (window("J1", "reused", "B", match="window"), {"I5": 1}),  # another request reused
+        (window("J1", "conflict", "A"), {"I5": 1}),  # the same request refused
+    ],
+)
+def test_i5_checks_what_a_window_key_answers_inside_its_window(
+    second: dict[str, Any], expected: dict[str, int]
+) -> None:
+    """Same request: the same job; another request: a conflict naming it; no second job."""
+    events = history(
+        dispatch(1.0, window("J1", "created", "A")),
+        run("J1", 1.1, 1.2),
+        dispatch(3.0, second),
+        run("J2", 3.1, 3.2),
+    )
+    assert violations(events) == expected
+
+
+def test_i5_lets_a_new_job_in_once_the_window_ended() -> None:
+    """After its window, a window key gives a new job; naming the old one then is a violation."""
+    later = history(
+        dispatch(1.0, window("J1", "created", "A")),
+        run("J1", 1.1, 1.2),
+        dispatch(7.0, window("J2", "created", "B")),
+        run("J2", 7.1, 7.2),
+    )
+    assert violations(later) == {}
+    stale = history(
+        dispatch(1.0, window("J1", "created", "A")),
+        run("J1", 1.1, 1.2),
+        dispatch(7.0, window("J1", "reused", "A", match="window")),
+    )
+    assert violations(stale) == {"I5": 1}
