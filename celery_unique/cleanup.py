@@ -109,6 +109,15 @@ class Cleanup(threading.Thread):
         with self._condition:
             return len(self._owed) + self._in_flight
 
+    def discard(self, store: Store) -> int:
+        """Drop what is owed to ``store`` (not sent yet); return how many writes."""
+        with self._condition:
+            kept = [item for item in self._owed if item.store is not store]
+            dropped = len(self._owed) - len(kept)
+            self._owed = kept
+            self._condition.notify_all()
+            return dropped
+
     def flush(self, timeout: float) -> bool:
         """Wait until nothing is owed (``True``) or ``timeout`` seconds passed (``False``)."""
         deadline = time.monotonic() + timeout
@@ -348,6 +357,12 @@ def roll_back(store: Store, claims: Sequence[Claim]) -> None:
             action=action,
         )
     )
+
+
+def discard(store: Store) -> int:
+    """Forget the writes owed to ``store`` (a store being thrown away, in tests)."""
+    current = _cleanup
+    return 0 if current is None else current.discard(store)
 
 
 def pending() -> int:

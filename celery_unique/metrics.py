@@ -4,7 +4,12 @@ Needs ``prometheus-client`` (``pip install 'celery-unique[prometheus]'``)::
 
     from celery_unique import metrics
 
-    metrics.install()  # once per process, e.g. in worker_process_init and in the web app
+    metrics.install()  # once per process: the producers' (web app), and each worker's
+
+Releases are counted where they happen, in a worker's main process (connect
+``install`` to ``worker_init``); creations, reuses and conflicts where the
+dispatch is made (a pool child dispatching jobs counts its own: connect it to
+``worker_process_init`` too).
 
 Counters (all labelled by ``task``):
 

@@ -231,8 +231,20 @@ class DjangoStore(_records.RecordStore):
 
     # -- transactions -----------------------------------------------------------
 
-    def _run(self, work: Callable[[str], T], *, atomic: bool) -> T:
-        """Run ``work(db)`` (in one transaction when ``atomic``); map database errors."""
+    def _run(
+        self,
+        work: Callable[[str], T],
+        *,
+        atomic: bool,
+        may_retry: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``work(db)`` (in one transaction when ``atomic``); map database errors.
+
+        A connection that died under the attempt is reopened for one more try,
+        unless ``may_retry()`` says no: a decision whose COMMIT may have landed
+        must not be tried again (it would find its own keys held, and call its
+        never-published job a duplicate of itself).
+        """
         reconnected = False
         failure: Error | None = None
         for attempt in range(1, _ATTEMPTS + 1):
@@ -250,7 +262,11 @@ class DjangoStore(_records.RecordStore):
                     logger.debug("Django store: retrying after %s", exc)
                     time.sleep(random.uniform(0, 0.002 * 2**attempt))
                     continue
-                if not reconnected and self._dropped(db, before):
+                if (
+                    not reconnected
+                    and (may_retry is None or may_retry())
+                    and self._dropped(db, before)
+                ):
                     reconnected = True  # The server closed our connection: one fresh try.
                     continue
                 break
@@ -373,7 +389,7 @@ class DjangoStore(_records.RecordStore):
             return decisions
 
         try:
-            decisions = self._run(work, atomic=True)
+            decisions = self._run(work, atomic=True, may_retry=lambda: not committing[0])
         except BackendUnavailable as error:
             if committing[0]:
                 # The connection failed while committing: the server may have

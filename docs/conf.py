@@ -23,7 +23,15 @@ extensions = [
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "_tools", "_generated", "**/*.json", "*.json", "Thumbs.db", ".DS_Store"]
+exclude_patterns = [
+    "_build",
+    "_tools",
+    "_generated",
+    "**/*.json",
+    "*.json",
+    "Thumbs.db",
+    ".DS_Store",
+]
 language = "en"
 nitpicky = False
 

@@ -41,7 +41,9 @@ def _on_message_dropped(sender: Any = None, message: Any = None, **_: Any) -> No
 
     def released(changed: bool) -> None:
         if changed:
-            emit_released(app, job_id, hold.key, reason=ReleaseReason.FINISHED)
+            emit_released(
+                app, job_id, hold.key, reason=ReleaseReason.FINISHED, kept=hold.keep_ms != 0
+            )
 
     cleanup.release(
         rt.store,

@@ -113,3 +113,49 @@ def test_a_connection_the_server_dropped_is_reopened(pg_store: DjangoStore) -> N
     with connections["postgres"].cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
     assert pg_store.decide([claim("j1")])[0].verdict is Verdict.CREATED
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True, databases=["postgres"])
+def test_a_decision_whose_commit_reply_is_lost_is_undone_not_retried(
+    pg_store: DjangoStore,
+) -> None:
+    """COMMIT ran on the server, its reply never came: backend_unavailable, then undone.
+
+    Trying the decision again on a new connection would find the key held by
+    its own job id and call that never-published job a duplicate of itself.
+    """
+    from celery_unique import cleanup
+    from tests.faultproxy import FaultProxy
+    from tests.polling import eventually
+
+    settings = connections["postgres"].settings_dict
+    with FaultProxy(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432)) as proxy:
+        connections.settings["pgproxy"] = {
+            **settings,
+            "HOST": "127.0.0.1",
+            "PORT": str(proxy.port),
+        }
+        store = DjangoStore("pgproxy")
+        try:
+            store.ping()
+            wrapper = connections[store._db()]
+            commit = wrapper._commit
+            armed = [True]
+
+            def commit_losing_its_reply() -> None:
+                if armed[0]:
+                    armed[0] = False
+                    proxy.reset_on_reply(1)
+                commit()
+
+            wrapper._commit = commit_losing_its_reply  # type: ignore[method-assign]
+            with pytest.raises(BackendUnavailable) as lost:
+                store.decide([claim("j1")])
+            assert lost.value.maybe_applied
+            eventually(lambda: pg_store.get(A) is None, 10, "the lost decision to be undone")
+            assert pg_store.decide([claim("j2")])[0].verdict is Verdict.CREATED
+        finally:
+            cleanup.discard(store)  # the undo's later repeats: the proxy goes away
+            store.close()
+            del connections.settings["pgproxy"]
