@@ -253,4 +253,5 @@ def _record(held: HeldKey) -> Record:
         expires_at=held.expires_in_ms,
         fingerprint=held.fingerprint,
         policy=held.policy,
+        since=held.since_ms,
     )

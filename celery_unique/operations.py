@@ -17,6 +17,7 @@ import heapq
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,8 @@ class KeyInfo:
     expires_in_ms: int | None
     fingerprint: str | None
     policy: str | None
+    #: When a decision wrote the key (ms since the epoch, store's clock), if known.
+    since_ms: int | None = None
 
     @classmethod
     def of(cls, held: HeldKey) -> KeyInfo:
@@ -83,6 +86,7 @@ class KeyInfo:
             expires_in_ms=held.expires_in_ms,
             fingerprint=held.fingerprint,
             policy=held.policy,
+            since_ms=held.since_ms,
         )
 
     @property
@@ -110,6 +114,7 @@ class KeyInfo:
             "expires_in_ms": self.expires_in_ms,
             "fingerprint": self.fingerprint,
             "policy": self.policy,
+            "since_ms": self.since_ms,
         }
 
 
@@ -303,6 +308,29 @@ def job_state(app: Celery, job_id: str) -> str:
     return str(app.AsyncResult(job_id).state)
 
 
+#: How far apart the result backend's clock (the workers') and the store's may be.
+CLOCK_SKEW_MS = 1000
+
+
+def ended_before(app: Celery, job_id: str, since_ms: int | None) -> bool:
+    """Whether the job's recorded end predates ``since_ms`` (the key is a later job's).
+
+    A caller that reuses a fixed ``task_id`` dispatches a new job under the id
+    of one that ended: the result backend still says the old job's final state
+    until the new one ends. Its key, written after that end, is not an orphan.
+    """
+    if since_ms is None:
+        return False
+    done = app.AsyncResult(job_id).date_done
+    if isinstance(done, str):
+        done = datetime.fromisoformat(done)
+    if not isinstance(done, datetime):
+        return False
+    if done.tzinfo is None:
+        done = done.replace(tzinfo=timezone.utc)  # Celery records date_done in UTC
+    return done.timestamp() * 1000 < since_ms - CLOCK_SKEW_MS
+
+
 def _check_result_backend(app: Celery) -> None:
     from celery.backends.base import DisabledBackend
 
@@ -329,9 +357,11 @@ def reap(app: Celery, *, apply: bool = False) -> ReapReport:
 
     A key is an orphan when it is an unfinished active-type key and its job's
     state in the result backend is final (success, failure, revoked,
-    rejected). Jobs that may still run (``PENDING``, ``RECEIVED``,
-    ``STARTED``, ``RETRY``) keep their keys: a job the result backend has
-    never heard of (or forgotten) is left to its lease. Releases are
+    rejected) and was recorded after the key was written. Jobs that may still
+    run (``PENDING``, ``RECEIVED``, ``STARTED``, ``RETRY``) keep their keys: a
+    job the result backend has never heard of (or forgotten) is left to its
+    lease, and so is a key written after its job id's recorded end (a new job
+    under a reused ``task_id``: counted as ``REUSED_ID``). Releases are
     compare-and-delete on the job id and keep ``exists`` keys for their
     retention, exactly as the worker would have.
     """
@@ -345,6 +375,9 @@ def reap(app: Celery, *, apply: bool = False) -> ReapReport:
         state = job_state(app, info.job_id)
         if state not in FINAL_STATES:
             report.kept[state] += 1
+            continue
+        if ended_before(app, info.job_id, info.since_ms):
+            report.kept["REUSED_ID"] += 1
             continue
         keep = retention_ms(app, info) if info.scope is Scope.EXISTS else 0
         orphan = Orphan(key=info, state=state, keep_ms=keep)

@@ -96,6 +96,11 @@ class UniqueKey(models.Model):
     )
     fingerprint: models.TextField[str | None, str | None] = models.TextField(null=True, blank=True)
     policy: models.TextField[str | None, str | None] = models.TextField(null=True, blank=True)
+    since: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="When a decision wrote the key: epoch milliseconds on the database's clock.",
+    )
 
     class Meta:
         db_table = "celery_unique_key"
@@ -131,6 +136,7 @@ class UniqueKey(models.Model):
             expires_at=self.expires_at,
             fingerprint=self.fingerprint,
             policy=self.policy,
+            since=self.since,
         )
 
     def assign(self, record: Record) -> None:
@@ -142,6 +148,7 @@ class UniqueKey(models.Model):
         self.expires_at = record.expires_at
         self.fingerprint = record.fingerprint
         self.policy = record.policy
+        self.since = record.since
 
     @property
     def expires(self) -> datetime | None:
@@ -161,6 +168,7 @@ RECORD_FIELDS = [
     "expires_at",
     "fingerprint",
     "policy",
+    "since",
 ]
 
 

@@ -37,6 +37,8 @@ class Record:
     expires_at: int | None = None
     fingerprint: str | None = None
     policy: str | None = None
+    #: When a decision wrote it: ms since the epoch (the store's wall clock).
+    since: int | None = None
 
     def alive(self, now: int) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -52,6 +54,7 @@ class Record:
             expires_in_ms=None if self.expires_at is None else max(0, self.expires_at - now),
             fingerprint=self.fingerprint,
             policy=self.policy,
+            since_ms=self.since,
         )
 
 
@@ -79,13 +82,21 @@ def _expiry(now: int, ttl_ms: int | None) -> int | None:
 
 
 def decide(
-    claims: Sequence[Claim], lookup: Lookup, now: int, *, all_or_nothing: bool
+    claims: Sequence[Claim],
+    lookup: Lookup,
+    now: int,
+    *,
+    all_or_nothing: bool,
+    wall: int | None = None,
 ) -> tuple[list[Decision], Writes]:
     """Apply the decision rules to ``claims`` in order; return decisions and writes.
 
     ``lookup`` reads the store as it was before the batch; this function
-    overlays the batch's own writes so later items see earlier ones.
+    overlays the batch's own writes so later items see earlier ones. ``now``
+    is the store's clock for expiry; ``wall`` (default: ``now``) is the same
+    moment in ms since the epoch, recorded as each new key's ``since``.
     """
+    since = now if wall is None else wall
     writes: Writes = {}
 
     def read(key: str) -> Record | None:
@@ -94,7 +105,7 @@ def decide(
 
     decisions: list[Decision] = []
     for claim in claims:
-        decision, item_writes = _decide_one(claim, read, now)
+        decision, item_writes = _decide_one(claim, read, now, since)
         decisions.append(decision)
         if decision.verdict.failed and all_or_nothing:
             return decisions + _unevaluated(claims[len(decisions) :]), {}
@@ -108,7 +119,7 @@ def _unevaluated(claims: Sequence[Claim]) -> list[Decision]:
 
 
 def _decide_one(
-    claim: Claim, read: Callable[[str], Record | None], now: int
+    claim: Claim, read: Callable[[str], Record | None], now: int, since: int
 ) -> tuple[Decision, Writes]:
     active, window = claim.active, claim.window
     held = read(active.key) if active else None
@@ -141,6 +152,7 @@ def _decide_one(
             expires_at=now + window.window_ms,
             fingerprint=window.fingerprint,
             policy=window.policy,
+            since=since,
         )
 
     if active is not None and held is not None and not _hands_off(claim, held):
@@ -155,6 +167,7 @@ def _decide_one(
             kind=KeyKind.ACTIVE,
             scope=active.scope,
             expires_at=_expiry(now, active.lease_ms),
+            since=since,
         )
     return Decision(Verdict.CREATED, claim.job_id), writes
 

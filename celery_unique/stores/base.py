@@ -139,6 +139,9 @@ class HeldKey:
     expires_in_ms: int | None = None
     fingerprint: str | None = None
     policy: str | None = None
+    #: When a decision wrote the key: ms since the epoch on the store's clock
+    #: (``None`` for keys written before stores recorded it).
+    since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

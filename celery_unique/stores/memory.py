@@ -33,7 +33,11 @@ class MemoryStore(_records.RecordStore):
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         with self._lock:
             decisions, writes = _records.decide(
-                claims, self._records.get, _now(), all_or_nothing=all_or_nothing
+                claims,
+                self._records.get,
+                _now(),
+                all_or_nothing=all_or_nothing,
+                wall=time.time_ns() // 1_000_000,
             )
             self._apply(writes)
             return decisions

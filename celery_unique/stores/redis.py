@@ -459,7 +459,9 @@ def _stored_task(claim: Claim) -> str:
 
 
 def _held(key: str, value: bytes, ttl: int) -> HeldKey:
-    kind, finished, job_id, task, fingerprint, policy = value.decode().split(_US)
+    # Six fields in values written before `since` was recorded.
+    kind, finished, job_id, task, fingerprint, policy, *rest = value.decode().split(_US)
+    since = rest[0] if rest else ""
     task = task or split_storage_key(key)[2]
     is_window = kind == "w"
     return HeldKey(
@@ -472,4 +474,5 @@ def _held(key: str, value: bytes, ttl: int) -> HeldKey:
         expires_in_ms=ttl if ttl >= 0 else None,
         fingerprint=fingerprint or None,
         policy=policy or None,
+        since_ms=int(since) if since else None,
     )

@@ -31,15 +31,18 @@ CREATE TABLE IF NOT EXISTS celery_unique_keys (
     finished INTEGER NOT NULL DEFAULT 0,
     expires_at INTEGER,
     fingerprint TEXT,
-    policy TEXT
+    policy TEXT,
+    since INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
 """
-_COLUMNS = "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy"
+_COLUMNS = "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since"
 #: Expired rows are swept at most this often, so decisions stay one short transaction.
 _SWEEP_EVERY_MS = 30_000
 
-Row = tuple[str, str, str, str, "str | None", int, "int | None", "str | None", "str | None"]
+Row = tuple[
+    str, str, str, str, "str | None", int, "int | None", "str | None", "str | None", "int | None"
+]
 
 
 def _now() -> int:
@@ -47,7 +50,7 @@ def _now() -> int:
 
 
 def _record(row: Row) -> _records.Record:
-    _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy = row
+    _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since = row
     return _records.Record(
         job_id=job_id,
         task=task,
@@ -57,6 +60,7 @@ def _record(row: Row) -> _records.Record:
         expires_at=expires_at,
         fingerprint=fingerprint,
         policy=policy,
+        since=since,
     )
 
 
@@ -98,6 +102,7 @@ class SQLiteStore(_records.RecordStore):
                     self._use_wal(conn)
                     conn.execute("PRAGMA synchronous=NORMAL")
                     conn.executescript(_SCHEMA)
+                    _add_missing_columns(conn)
                 except BaseException:
                     conn.close()
                     raise
@@ -174,6 +179,7 @@ class SQLiteStore(_records.RecordStore):
                 r.expires_at,
                 r.fingerprint,
                 r.policy,
+                r.since,
             )
             for key, r in writes.items()
             if r is not None
@@ -183,7 +189,7 @@ class SQLiteStore(_records.RecordStore):
         if upserts:
             conn.executemany(
                 f"INSERT OR REPLACE INTO celery_unique_keys ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 upserts,
             )
 
@@ -253,6 +259,14 @@ class SQLiteStore(_records.RecordStore):
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Bring a file made by an earlier version up to date (``since`` came later)."""
+    have = {row[1] for row in conn.execute("PRAGMA table_info(celery_unique_keys)")}
+    if "since" not in have:
+        with suppress(sqlite3.OperationalError):  # another process added it meanwhile
+            conn.execute("ALTER TABLE celery_unique_keys ADD COLUMN since INTEGER")
 
 
 def _outage(error: BaseException) -> bool:

@@ -6,7 +6,8 @@
 --   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
 -- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
 --
--- Value: six fields joined by 0x1F:
+-- Value: seven fields joined by 0x1F (a value written before the seventh existed
+-- has six, and reads with no since):
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
 --   job_id    the job the key points at
@@ -14,6 +15,7 @@
 --             scoped to that task already (the name is in the key)
 --   fp        window keys: request fingerprint digest; else ""
 --   policy    window keys: retry/time-limit settings digest; else ""
+--   since     when a decision wrote the key: ms since the epoch, the server's clock
 -- Expiry is the key's own TTL, so time is always the server's clock.
 
 local US = "\31"
@@ -24,11 +26,18 @@ local function decode(value)
   for part in string.gmatch(value .. US, "([^" .. US .. "]*)" .. US) do
     f[#f + 1] = part
   end
-  return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6]}
+  return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6],
+          since = f[7] or ""}
 end
 
 local function encode(r)
-  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy}, US)
+  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or ""}, US)
+end
+
+-- The server's clock in ms since the epoch.
+local function now_ms()
+  local t = redis.call("TIME")
+  return tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
 end
 
 -- Write a record with a TTL in ms ("" or nil: no expiry).

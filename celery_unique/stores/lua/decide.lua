@@ -15,6 +15,7 @@
 --   which matters for a batch of a thousand.)
 
 local all_or_nothing = ARGV[1] == "1"
+local since = now_ms()
 local count = tonumber(ARGV[2])
 local overlay = {}   -- key -> record or false (deleted) written earlier in this batch
 local writes = {}    -- ordered {key, record, ttl}
@@ -63,7 +64,7 @@ for i = 0, count - 1 do
       local target = job
       if holder and holder ~= job and not hands_off then target = holder end
       pending[#pending + 1] = {wkey, {kind = "w", finished = "0", job = target, task = task,
-                                      fp = fp, policy = policy}, window_ms}
+                                      fp = fp, policy = policy, since = since}, window_ms}
     end
     if held and not hands_off then
       result = {"reused_active", holder, "0"}
@@ -71,7 +72,7 @@ for i = 0, count - 1 do
       result = {"created", job, "0"}
       if akey then
         pending[#pending + 1] = {akey, {kind = scope, finished = "0", job = job, task = task,
-                                        fp = "", policy = ""}, lease}
+                                        fp = "", policy = "", since = since}, lease}
       end
     end
     for _, w in ipairs(pending) do write(w[1], w[2], w[3]) end

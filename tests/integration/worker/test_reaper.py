@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 from celery import Celery, states
@@ -20,7 +22,8 @@ def test_reaper_task_frees_keys_of_finished_jobs_only(
     """A key whose job succeeded is released; a key whose job is still pending is kept."""
     reap = register_reaper(celery_app)
     celery_worker.reload()
-    gone, alive = "job-gone", "job-alive"
+    # Fresh ids: the result backend never overwrites a SUCCESS it already holds.
+    gone, alive = f"job-gone-{uuid.uuid4()}", f"job-alive-{uuid.uuid4()}"
     key_gone, key_alive = active_key("t", "gone"), active_key("t", "alive")
     for job_id, key in ((gone, key_gone), (alive, key_alive)):
         store.decide([Claim(job_id, "t", ActiveClaim(key, Scope.ACTIVE, 60_000))])
@@ -34,3 +37,24 @@ def test_reaper_task_frees_keys_of_finished_jobs_only(
     assert held is not None
     assert held.job_id == alive
     assert register_reaper(celery_app) is reap
+
+
+def test_reaper_keeps_the_key_of_a_new_job_under_a_reused_id(
+    celery_app: Celery, celery_worker: WorkController, store: RedisStore, redis_client: Any
+) -> None:
+    """A fixed task id whose earlier job succeeded: the new job's key is not that job's orphan."""
+    reap = register_reaper(celery_app)
+    celery_worker.reload()
+    job_id = f"nightly-report-{uuid.uuid4()}"
+    celery_app.backend.store_result(job_id, "yesterday", states.SUCCESS)
+    time.sleep(1.5)  # the earlier run ended well before the new dispatch
+    key = active_key("t", "nightly")
+    store.decide([Claim(job_id, "t", ActiveClaim(key, Scope.ACTIVE, 60_000))])
+
+    report = reap.delay().get(timeout=20)
+
+    assert report["released"] == []
+    assert report["kept"] == {"REUSED_ID": 1}
+    held = store.get(key)
+    assert held is not None
+    assert held.job_id == job_id
