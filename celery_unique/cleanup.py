@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from celery_unique.stores.base import Claim, Release, Store
+from celery_unique.stores.base import GOES_ON, RUNNING, Claim, Release, Store
 
 logger = logging.getLogger("celery_unique")
 
@@ -144,13 +144,15 @@ class Cleanup(threading.Thread):
             while True:
                 now = time.monotonic()
                 ready = [item for item in list(self._owed) if self._ready(item, now)]
-                if ready:
-                    self._owed = [item for item in self._owed if item not in ready]
-                    self._in_flight += len(ready)
-                    return ready
+                held = [item for item in self._owed if item not in ready]
+                sendable = _in_order(ready, held)
+                if sendable:
+                    self._owed = [item for item in self._owed if item not in sendable]
+                    self._in_flight += len(sendable)
+                    return sendable
                 waits = [
                     item.due - now
-                    for item in self._owed
+                    for item in held
                     if item.after_exit_of is None and item.after is None
                 ]
                 if any(item.after_exit_of or item.after for item in self._owed):
@@ -245,6 +247,25 @@ class Cleanup(threading.Thread):
             logger.warning("uniqueness store answering again; owed writes are being sent")
 
 
+def _in_order(ready: list[Owed], waiting: list[Owed]) -> list[Owed]:
+    """``ready``, less the writes of a key that an earlier write still waits to reach,
+    oldest first: a key sees this process's writes in the order they were owed (the
+    end of one run of a job before the release by the next)."""
+    first: dict[str, float] = {}
+    for item in waiting:
+        # A write that waits for its message's fate or its child's exit may never
+        # go (a message redelivered after a lost connection): it holds nothing up.
+        if item.release is not None and item.after is None and item.after_exit_of is None:
+            key = item.release.key
+            first[key] = min(first.get(key, item.started), item.started)
+    go = [
+        item
+        for item in ready
+        if item.release is None or item.started <= first.get(item.release.key, item.started)
+    ]
+    return sorted(go, key=lambda item: item.started)
+
+
 _cleanup: Cleanup | None = None
 _lock = threading.Lock()
 
@@ -314,7 +335,7 @@ def release(
     _thread().owe(
         Owed(
             store=store,
-            what=f"releasing key {hold.key!r} of job {hold.job_id}",
+            what=_describe(hold),
             deadline=deadline_after(within_s),
             release=hold,
             on_released=on_released,
@@ -322,6 +343,14 @@ def release(
             after=after,
         )
     )
+
+
+def _describe(hold: Release) -> str:
+    if hold.keep_ms == GOES_ON:
+        return f"ending the run of job {hold.job_id} on key {hold.key!r}"
+    if hold.keep_ms == RUNNING:
+        return f"marking the run of job {hold.job_id} on key {hold.key!r}"
+    return f"releasing key {hold.key!r} of job {hold.job_id}"
 
 
 def undo_decision(store: Store, claims: Sequence[Claim], error: Exception) -> None:

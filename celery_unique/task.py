@@ -14,6 +14,7 @@ from celery_unique.dispatch import apply_unique
 from celery_unique.explain import Explanation, explain
 from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
+from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
 
 
@@ -43,6 +44,14 @@ class UniqueTask(Task):  # type: ignore[type-arg]
 
     #: Follows what becomes of each message, to release keys at the right time.
     Request = "celery_unique.worker.fates:UniqueRequest"
+    #: Marks its key before its body runs (see :mod:`celery_unique.worker.runs`).
+    _marks_runs: ClassVar[bool] = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        holder = runs.begin(self)
+        if holder is not None:
+            raise runs.stale(self, holder)
+        return super().__call__(*args, **kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

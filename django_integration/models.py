@@ -101,6 +101,12 @@ class UniqueKey(models.Model):
         blank=True,
         help_text="When a decision wrote the key: epoch milliseconds on the database's clock.",
     )
+    run: models.TextField[str | None, str | None] = models.TextField(
+        null=True, blank=True, help_text="The delivery of the job running now, if one is."
+    )
+    handed_from: models.TextField[str | None, str | None] = models.TextField(
+        null=True, blank=True, help_text="The running job that handed the key over to this one."
+    )
 
     class Meta:
         db_table = "celery_unique_key"
@@ -137,6 +143,8 @@ class UniqueKey(models.Model):
             fingerprint=self.fingerprint,
             policy=self.policy,
             since=self.since,
+            run=self.run,
+            handed_from=self.handed_from,
         )
 
     def assign(self, record: Record) -> None:
@@ -149,6 +157,8 @@ class UniqueKey(models.Model):
         self.fingerprint = record.fingerprint
         self.policy = record.policy
         self.since = record.since
+        self.run = record.run
+        self.handed_from = record.handed_from
 
     @property
     def expires(self) -> datetime | None:
@@ -169,6 +179,8 @@ RECORD_FIELDS = [
     "fingerprint",
     "policy",
     "since",
+    "run",
+    "handed_from",
 ]
 
 

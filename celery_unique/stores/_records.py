@@ -14,11 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from celery_unique.stores.base import (
+    GOES_ON,
+    RUNNING,
     Claim,
     Decision,
     HeldKey,
     KeyKind,
     Release,
+    RunStart,
     Scope,
     Store,
     Verdict,
@@ -39,6 +42,10 @@ class Record:
     policy: str | None = None
     #: When a decision wrote it: ms since the epoch (the store's wall clock).
     since: int | None = None
+    #: The delivery of the job running now (active keys).
+    run: str | None = None
+    #: The running job that handed this key over to ``job_id`` (self-rescheduling).
+    handed_from: str | None = None
 
     def alive(self, now: int) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -55,6 +62,7 @@ class Record:
             fingerprint=self.fingerprint,
             policy=self.policy,
             since_ms=self.since,
+            run=self.run,
         )
 
 
@@ -168,6 +176,7 @@ def _decide_one(
             scope=active.scope,
             expires_at=_expiry(now, active.lease_ms),
             since=since,
+            handed_from=held.job_id if held is not None else None,
         )
     return Decision(Verdict.CREATED, claim.job_id), writes
 
@@ -181,19 +190,62 @@ def _hands_off(claim: Claim, held: Record | None) -> bool:
     )
 
 
-def releasing(job_id: str, keep_ms: int | None) -> Change:
-    """End ``job_id``'s hold: delete (``keep_ms=0``) or keep it finished for ``keep_ms``."""
+def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Change:
+    """End ``job_id``'s hold: delete (``keep_ms=0``) or keep it finished for ``keep_ms``;
+    with :data:`GOES_ON`, only end the run ``run``; with :data:`RUNNING`, only mark it."""
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or record.job_id != job_id:
             return UNCHANGED
         if record.kind is not KeyKind.ACTIVE:
             return UNCHANGED  # Window keys are forgotten only by time.
+        if keep_ms == RUNNING:
+            if record.finished or record.run == run:
+                return UNCHANGED
+            return replace(record, run=run)
+        if record.run is not None and record.run != run:
+            return UNCHANGED  # Another delivery of the job runs now: the key is its.
+        if keep_ms == GOES_ON:
+            return UNCHANGED if record.run is None else replace(record, run=None)
         if keep_ms == 0:
             return None
         if record.finished:
             return UNCHANGED  # A repeated final signal must not push retention further.
-        return replace(record, finished=True, expires_at=_expiry(now, keep_ms))
+        return replace(record, finished=True, expires_at=_expiry(now, keep_ms), run=None)
+
+    return change
+
+
+def starting_run(job_id: str, start: RunStart, outcome: list[str | None]) -> Change:
+    """Mark the key as held by the run ``start`` of ``job_id`` (see ``Store.start_run``).
+
+    ``outcome`` receives the job that holds the key instead, or ``None``.
+    """
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        outcome[:] = [None]
+        if record is None or not record.alive(now):
+            return Record(
+                job_id=job_id,
+                task=start.task,
+                kind=KeyKind.ACTIVE,
+                scope=start.scope,
+                expires_at=_expiry(now, start.lease_ms),
+                since=now,
+                run=start.run,
+            )
+        if record.job_id != job_id:
+            if record.handed_from != job_id:
+                outcome[:] = [record.job_id]
+            return UNCHANGED
+        expires_at = record.expires_at
+        if record.finished or (
+            expires_at is not None
+            and start.lease_ms is not None
+            and expires_at < now + start.lease_ms
+        ):
+            expires_at = _expiry(now, start.lease_ms)
+        return replace(record, finished=False, expires_at=expires_at, run=start.run)
 
     return change
 
@@ -206,7 +258,7 @@ def rolling_back(claim: Claim, key: str) -> Change:
             return UNCHANGED
         active = claim.active
         if claim.handoff_from is not None and active is not None and key == active.key:
-            return replace(record, job_id=claim.handoff_from)
+            return replace(record, job_id=claim.handoff_from, handed_from=None)
         return None
 
     return change
@@ -259,7 +311,12 @@ class RecordStore(Store):
         return self._change([(key, releasing(job_id, keep_ms))])[0]
 
     def release_many(self, releases: Sequence[Release]) -> list[bool]:
-        return self._change([(r.key, releasing(r.job_id, r.keep_ms)) for r in releases])
+        return self._change([(r.key, releasing(r.job_id, r.keep_ms, r.run)) for r in releases])
+
+    def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
+        outcome: list[str | None] = [None]
+        self._change([(key, starting_run(job_id, run, outcome))])
+        return outcome[0]
 
     def rollback(self, claim: Claim) -> None:
         self.rollback_many([claim])

@@ -115,13 +115,38 @@ class Decision:
     conflicting_job_ids: tuple[str, ...] = ()
 
 
+#: ``Release.keep_ms`` of a run that ended while its job goes on (retried,
+#: requeued, replaced): the key stays, only the run's mark on it goes.
+GOES_ON = -1
+#: ``Release.keep_ms`` of a run that started: the key the job holds gets the
+#: run's mark (nothing else changes; a key the job does not hold is left alone).
+RUNNING = -2
+
+
 class Release(NamedTuple):
     """One job's hold on one active key, to end."""
 
     job_id: str
     key: str
-    #: 0 deletes the key; ``n`` keeps it (finished) ``n`` ms; ``None`` keeps it for ever.
+    #: 0 deletes the key; ``n`` keeps it (finished) ``n`` ms; ``None`` keeps it for
+    #: ever; :data:`GOES_ON` keeps it as it is and only ends the run;
+    #: :data:`RUNNING` only marks the run.
     keep_ms: int | None = 0
+    #: The delivery whose run ended (see :meth:`Store.start_run`); ``None`` when the
+    #: message never ran. Either way the key is left alone while another delivery
+    #: of the same job runs.
+    run: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """A delivery of a job about to run: what :meth:`Store.start_run` needs."""
+
+    #: The delivery's own id: two copies of one message have different ones.
+    run: str
+    scope: Scope
+    task: str
+    lease_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +167,8 @@ class HeldKey:
     #: When a decision wrote the key: ms since the epoch on the store's clock
     #: (``None`` for keys written before stores recorded it).
     since_ms: int | None = None
+    #: The delivery of the job running now, if one is (see :meth:`Store.start_run`).
+    run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +265,20 @@ class Store(ABC):
         """
         self.rollback_many(claims)
         return True
+
+    def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
+        """Mark the active ``key`` as held by a run of ``job_id`` (delivery ``run.run``).
+
+        Called in the worker before the job's body runs. A key the job holds
+        gets the run's mark (and is unfinished again, with at least a lease);
+        a key nobody holds (its lease ran out, or another delivery of the job
+        ended and released it) is taken again. Returns ``None`` then, or the
+        id of the other job that holds the key now, writing nothing: this
+        delivery is a copy of a job whose key moved on, and must not run. A
+        job that handed its key over while it ran (self-rescheduling) runs
+        on without it. Stores that cannot mark runs return ``None``.
+        """
+        return None
 
     @abstractmethod
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:

@@ -17,6 +17,8 @@ from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.keyspace import split_storage_key
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
+    GOES_ON,
+    RUNNING,
     Claim,
     DecidedAlready,
     Decision,
@@ -24,6 +26,7 @@ from celery_unique.stores.base import (
     KeyKind,
     PendingDecisions,
     Release,
+    RunStart,
     Scope,
     Store,
     Verdict,
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
 _SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
 SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
 _US = "\x1f"
+#: How release.lua spells the keeps that release nothing.
+_SPECIAL_KEEPS = {GOES_ON: "-", RUNNING: "+"}
 _RS = "\x1e"
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
@@ -126,14 +131,15 @@ class RedisStore(Store):
         self._redis = _import_redis()
         self._scripts = {
             name: client.register_script(script_source(name))
-            for name in ("decide", "release", "rollback", "renew", "forget")
+            for name in ("decide", "release", "rollback", "renew", "forget", "start")
         }
         self._pool = getattr(client, "connection_pool", None)
         self._lanes = Lanes(self._pool) if Lanes.suits(self._pool) else None
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
-        """``redis://``, ``rediss://``, ``unix://``; ``redis+cluster://`` for Redis Cluster."""
+        """``redis://``, ``rediss://``, ``unix://``; ``redis+cluster://`` for Redis Cluster;
+        ``redis+sentinel://`` for a master found through Redis Sentinel (see :func:`sentinel`)."""
         redis = _import_redis()
         # A short connect timeout keeps a dead server from stalling dispatches
         # for the OS default of minutes.
@@ -144,6 +150,8 @@ class RedisStore(Store):
             from redis.cluster import RedisCluster
 
             return cls(RedisCluster.from_url(f"{scheme[: -len('+cluster')]}://{rest}", **options))
+        if scheme.endswith("+sentinel"):
+            return cls(sentinel(url, options))
         return cls(redis.Redis.from_url(url, health_check_interval=30, **options))
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
@@ -232,7 +240,12 @@ class RedisStore(Store):
             return []
         args: list[str | int] = []
         for release in releases:
-            args += [release.job_id, "" if release.keep_ms is None else release.keep_ms]
+            keep = release.keep_ms
+            args += [
+                release.job_id,
+                "" if keep is None else _SPECIAL_KEEPS.get(keep, keep),
+                release.run or "",
+            ]
         reply = _text(self._call("release", [r.key for r in releases], args))
         return [flag == "1" for flag in reply]
 
@@ -269,6 +282,12 @@ class RedisStore(Store):
                 # "No such client": it is gone already, and its input with it.
         self.rollback_many(claims)
         return identity is not None
+
+    def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
+        task = "" if split_storage_key(key)[2] == run.task else run.task
+        lease = "" if run.lease_ms is None else run.lease_ms
+        args = [job_id, run.run, SCOPE_CHARS[run.scope], task, lease]
+        return _text(self._call("start", [key], args)) or None
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         return self.renew_many([(job_id, key) for key in keys], lease_ms)
@@ -319,6 +338,70 @@ class RedisStore(Store):
         if self._lanes is not None:
             self._lanes.close()
         self.client.close()
+
+
+def sentinel(url: str, options: dict[str, Any]) -> Any:
+    """A client of the master Redis Sentinel names, for a ``redis+sentinel://`` URL.
+
+    ``redis+sentinel://[[user]:password@]host1:26379,host2:26379/<master name>[/<db>]``,
+    with ``rediss+sentinel://`` for TLS to the master and replicas. The password
+    (and user) are the master's; ``?sentinel_password=...`` (and
+    ``sentinel_username``) are the sentinels' own, and ``socket_timeout`` /
+    ``socket_connect_timeout`` override the store's. After a failover the
+    client asks the sentinels again; what it sees meanwhile (READONLY, refused
+    connections) is ``backend_unavailable``.
+    """
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    from redis.sentinel import Sentinel
+
+    parts = urlsplit(url)
+    hosts = parts.netloc.rpartition("@")[2]
+    sentinels = []
+    for entry in hosts.split(","):
+        host, _, port = entry.rpartition(":")
+        sentinels.append((host or entry, int(port) if port else 26379))
+    names = [unquote(part) for part in parts.path.split("/") if part]
+    if not names:
+        raise ImproperlyConfigured(
+            f"unique_backend {_masked(url)!r} names no master: "
+            "redis+sentinel://host:26379,host2:26379/<master name>[/<db>]"
+        )
+    master, db = names[0], int(names[1]) if len(names) > 1 else 0
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if name in query:
+            options = {**options, name: float(query.pop(name))}
+    sentinel_auth = {
+        name.removeprefix("sentinel_"): query.pop(name)
+        for name in ("sentinel_username", "sentinel_password")
+        if name in query
+    }
+    ssl = parts.scheme.startswith("rediss")
+    watcher = Sentinel(  # type: ignore[no-untyped-call]
+        sentinels,
+        socket_timeout=options["socket_timeout"],
+        socket_connect_timeout=options["socket_connect_timeout"],
+        sentinel_kwargs=sentinel_auth or None,
+    )
+    return watcher.master_for(  # type: ignore[no-untyped-call]
+        master,
+        db=db,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        ssl=ssl,
+        **options,
+    )
+
+
+def _masked(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.partition(":")[0]
+    return f"{scheme}://{user}:***@{tail}"
 
 
 class _Borrowed:
@@ -459,9 +542,9 @@ def _stored_task(claim: Claim) -> str:
 
 
 def _held(key: str, value: bytes, ttl: int) -> HeldKey:
-    # Six fields in values written before `since` was recorded.
+    # Values written by earlier versions have six or seven fields.
     kind, finished, job_id, task, fingerprint, policy, *rest = value.decode().split(_US)
-    since = rest[0] if rest else ""
+    since, run = ([*rest, "", ""])[:2]
     task = task or split_storage_key(key)[2]
     is_window = kind == "w"
     return HeldKey(
@@ -475,4 +558,5 @@ def _held(key: str, value: bytes, ttl: int) -> HeldKey:
         fingerprint=fingerprint or None,
         policy=policy or None,
         since_ms=int(since) if since else None,
+        run=run or None,
     )

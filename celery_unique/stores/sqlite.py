@@ -32,16 +32,34 @@ CREATE TABLE IF NOT EXISTS celery_unique_keys (
     expires_at INTEGER,
     fingerprint TEXT,
     policy TEXT,
-    since INTEGER
+    since INTEGER,
+    run TEXT,
+    handed_from TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
 """
-_COLUMNS = "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since"
+_COLUMNS = (
+    "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, "
+    "run, handed_from"
+)
+#: Columns a file made by an earlier version may lack, with their types.
+_LATER_COLUMNS = {"since": "INTEGER", "run": "TEXT", "handed_from": "TEXT"}
 #: Expired rows are swept at most this often, so decisions stay one short transaction.
 _SWEEP_EVERY_MS = 30_000
 
 Row = tuple[
-    str, str, str, str, "str | None", int, "int | None", "str | None", "str | None", "int | None"
+    str,
+    str,
+    str,
+    str,
+    "str | None",
+    int,
+    "int | None",
+    "str | None",
+    "str | None",
+    "int | None",
+    "str | None",
+    "str | None",
 ]
 
 
@@ -50,7 +68,8 @@ def _now() -> int:
 
 
 def _record(row: Row) -> _records.Record:
-    _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since = row
+    _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, *rest = row
+    run, handed = rest
     return _records.Record(
         job_id=job_id,
         task=task,
@@ -61,6 +80,8 @@ def _record(row: Row) -> _records.Record:
         fingerprint=fingerprint,
         policy=policy,
         since=since,
+        run=run,
+        handed_from=handed,
     )
 
 
@@ -180,6 +201,8 @@ class SQLiteStore(_records.RecordStore):
                 r.fingerprint,
                 r.policy,
                 r.since,
+                r.run,
+                r.handed_from,
             )
             for key, r in writes.items()
             if r is not None
@@ -189,7 +212,7 @@ class SQLiteStore(_records.RecordStore):
         if upserts:
             conn.executemany(
                 f"INSERT OR REPLACE INTO celery_unique_keys ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 upserts,
             )
 
@@ -262,11 +285,12 @@ class SQLiteStore(_records.RecordStore):
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
-    """Bring a file made by an earlier version up to date (``since`` came later)."""
+    """Bring a file made by an earlier version up to date."""
     have = {row[1] for row in conn.execute("PRAGMA table_info(celery_unique_keys)")}
-    if "since" not in have:
-        with suppress(sqlite3.OperationalError):  # another process added it meanwhile
-            conn.execute("ALTER TABLE celery_unique_keys ADD COLUMN since INTEGER")
+    for column, kind in _LATER_COLUMNS.items():
+        if column not in have:
+            with suppress(sqlite3.OperationalError):  # another process added it meanwhile
+                conn.execute(f"ALTER TABLE celery_unique_keys ADD COLUMN {column} {kind}")
 
 
 def _outage(error: BaseException) -> bool:

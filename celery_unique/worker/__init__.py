@@ -8,6 +8,8 @@
   class to every task the worker runs;
 * :mod:`~celery_unique.worker.dropped`: messages dropped before they become a
   request (unknown task, unreadable message);
+* :mod:`~celery_unique.worker.runs`: each delivery's mark on its key, so that
+  a copy of a message the broker delivered again never runs beside another job;
 * :mod:`~celery_unique.worker.leases`: renewing the lease of every key a live
   worker holds.
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 from celery import Celery, signals
 
 from celery_unique import cleanup
-from celery_unique.worker import dropped, leases
+from celery_unique.worker import dropped, leases, runs
 from celery_unique.worker.step import FollowFates
 
 #: How long a stopping worker waits for releases still owed to the store.
@@ -37,6 +39,7 @@ def install(app: Celery) -> None:
         app.steps["consumer"].add(FollowFates)
     dropped.connect()
     leases.connect()
+    runs.connect()
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
     )

@@ -61,6 +61,8 @@ from celery_unique.config import runtime
 from celery_unique.dispatch import release_at
 from celery_unique.headers import HEADER, VERSION, KeyHeader
 from celery_unique.signals import ReleaseReason, emit_released
+from celery_unique.stores.base import GOES_ON, RUNNING, Release
+from celery_unique.worker import runs
 
 
 class Replaced(Ignore):
@@ -93,13 +95,24 @@ class Fate:
         "job_id",
         "message",
         "pool_child",
+        "ran",
         "resent",
+        "run",
         "running",
         "settled",
+        "stale",
     )
 
-    def __init__(self, app: Any, job_id: str, header: KeyHeader, message: Any) -> None:
+    def __init__(
+        self, app: Any, job_id: str, header: KeyHeader, message: Any, run: str | None = None
+    ) -> None:
         self.app, self.job_id, self.header, self.message = app, job_id, header, message
+        #: This delivery's run id (see :mod:`celery_unique.worker.runs`).
+        self.run = run
+        #: The pool took the job: its run may have marked the key.
+        self.ran = False
+        #: The run found the key held by another job and did not go ahead.
+        self.stale = False
         self.running = False
         self.ended = False
         #: The pool child to wait for before releasing (a run cut short).
@@ -110,16 +123,24 @@ class Fate:
         self.decided = False
 
     def started(self) -> None:
-        self.running = True
+        self.running = self.ran = True
         if release_at(self.job_id, self.header, finished=False) is not None:
             self._release(finished=False)
+        elif self.run is not None:
+            # The pool marks the key before the body runs; this mark follows in
+            # order with this process's other writes, for a run the store could
+            # not mark then (see celery_unique.worker.runs).
+            self._owe_run_write(RUNNING)
 
-    def run_ended(self, *, pid: int | None, cut_short: bool, continued: bool) -> None:
+    def run_ended(
+        self, *, pid: int | None, cut_short: bool, continued: bool, stale: bool = False
+    ) -> None:
         """Note the end of the run; :meth:`check` after Celery settled the message."""
         with _lock:
             self.running = False
             self.ended = True
             self.continued = self.continued or continued
+            self.stale = self.stale or stale
             if cut_short and pid is not None and pid != os.getpid():
                 self.pool_child = pid
 
@@ -140,13 +161,31 @@ class Fate:
             keep = self.settled is Settled.REQUEUED or self.continued
             if self.resent is not None and self.resent.published:
                 keep = True
+        if self.stale:
+            return  # the key is another job's
         if not keep:
             self._release(finished=True)
+        elif self.ran and self.run is not None:
+            self._owe_run_write(GOES_ON)  # the job goes on in another delivery
+
+    def _owe_run_write(self, what: int) -> None:
+        """Owe the store the start (:data:`RUNNING`) or the end (:data:`GOES_ON`) of this
+        delivery's run on its key."""
+        key = self.header.get("a")
+        if key:
+            rt = runtime(self.app)
+            cleanup.release(
+                rt.store,
+                Release(self.job_id, key, what, self.run),
+                within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
+            )
 
     def _release(self, *, finished: bool) -> None:
         hold = release_at(self.job_id, self.header, finished=finished)
         if hold is None:
             return
+        if finished and self.ran:
+            hold = hold._replace(run=self.run)
         app, job_id = self.app, self.job_id
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
@@ -213,9 +252,11 @@ class FateMixin:
         super().__init__(*args, **kwargs)
         request: Any = self
         header = _header(request._request_dict)
-        self._fate = (
-            None if header is None else Fate(request.task.app, request.id, header, request._message)
-        )
+        if header is None:
+            self._fate = None
+        else:
+            run = runs.assign(request._request_dict, header)
+            self._fate = Fate(request.task.app, request.id, header, request._message, run)
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         if self._fate is not None:
@@ -237,6 +278,7 @@ class FateMixin:
             pid=request.worker_pid,
             cut_short=isinstance(exc, _CUT_SHORT),
             continued=isinstance(exc, Retry | Replaced),
+            stale=isinstance(exc, runs.Stale),
         )
         if isinstance(exc, _RESENDING):
             # Celery may retry the job from here (task_retry_on_worker_lost): that

@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 
 from celery_unique.stores.base import (
+    GOES_ON,
+    RUNNING,
     ActiveClaim,
     Claim,
     KeyKind,
     Release,
+    RunStart,
     Scope,
     Store,
     Verdict,
@@ -427,3 +430,123 @@ def test_rollback_many_undoes_only_what_each_claim_wrote(store: Store) -> None:
     held = store.get(B)
     assert held is not None
     assert held.job_id == "j3"
+
+
+# -- runs: a key follows the delivery that runs its job -----------------------------
+
+
+def start(store: Store, job: str, run: str, key: str = A, lease: int | None = LONG) -> str | None:
+    return store.start_run(job, key, RunStart(run, Scope.ACTIVE, "tasks.recalc", lease))
+
+
+def test_a_run_marks_the_key_its_job_holds(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    assert start(store, "j1", "r1") is None
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("j1", "r1")
+
+
+def test_a_copy_of_a_job_whose_key_moved_on_is_told_the_holder(store: Store) -> None:
+    """A delivery of j1 after j2 took the key must not run: the store names j2."""
+    decide(store, active("j2", scope=Scope.ACTIVE))
+    assert start(store, "j1", "r1") == "j2"
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("j2", None)
+
+
+def test_a_run_takes_a_key_nobody_holds(store: Store) -> None:
+    """Its lease ran out, or another delivery of the job released it: the run holds it again."""
+    assert start(store, "j1", "r1", lease=LONG) is None
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.kind, held.finished) == ("j1", "r1", KeyKind.ACTIVE, False)
+    assert held.expires_in_ms is not None
+    assert held.expires_in_ms > LONG - 5_000
+    assert decide(store, active("j2")).job_id == "j1"
+
+
+def test_a_run_of_a_finished_job_unfinishes_its_key(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.EXISTS))
+    store.release("j1", A, keep_ms=None)
+    assert start(store, "j1", "r2") is None
+    held = store.get(A)
+    assert held is not None
+    assert not held.finished
+    assert held.run == "r2"
+    assert held.expires_in_ms is not None  # a lease again, not the retention
+
+
+def test_the_end_of_one_delivery_leaves_the_key_to_the_one_running(store: Store) -> None:
+    """Two copies of one message: the first to end must not free the key the other runs under."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    assert start(store, "j1", "r1") is None
+    assert start(store, "j1", "r2") is None
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [False]
+    assert store.release_many([Release("j1", A, 0, None)]) == [False]  # a copy that never ran
+    assert store.get(A) is not None
+    assert store.release_many([Release("j1", A, 0, "r2")]) == [True]
+    assert store.get(A) is None
+
+
+def test_a_run_that_goes_on_keeps_the_key_and_ends_its_mark(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    start(store, "j1", "r1")
+    assert store.release_many([Release("j1", A, GOES_ON, "r2")]) == [False]
+    assert store.release_many([Release("j1", A, GOES_ON, "r1")]) == [True]
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.finished) == ("j1", None, False)
+    # Once no run is marked, a message of the job that never ran may release it.
+    assert store.release_many([Release("j1", A, 0, None)]) == [True]
+
+
+def test_a_final_release_of_the_running_delivery_ends_its_mark(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.EXISTS))
+    start(store, "j1", "r1")
+    assert store.release_many([Release("j1", A, LONG, "r1")]) == [True]
+    held = store.get(A)
+    assert held is not None
+    assert held.finished
+    assert held.run is None
+
+
+def test_a_job_that_handed_its_key_over_runs_on_without_it(store: Store) -> None:
+    """Self-rescheduling: j1 gave its key to j2 while it ran; j1's retry still runs."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    decide(store, active("j2", scope=Scope.ACTIVE, handoff="j1"))
+    assert start(store, "j1", "r1") is None
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("j2", None)
+    assert start(store, "j3", "r3") == "j2"
+
+
+def test_a_run_keeps_the_key_until_its_own_release(store: Store) -> None:
+    """The lease a run starts with is pushed like any other hold."""
+    decide(store, active("j1", scope=Scope.ACTIVE, lease=200))
+    start(store, "j1", "r1", lease=LONG)
+    time.sleep(0.3)
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+
+
+def test_a_late_mark_of_a_run_replaces_an_ended_runs_mark_and_takes_nothing(store: Store) -> None:
+    """The worker's own mark of a run that started (sent after the fact, in order with
+    its other writes) marks a key its job holds, and nothing else."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    start(store, "j1", "r1")
+    assert store.release_many([Release("j1", A, RUNNING, "r2")]) == [True]
+    held = store.get(A)
+    assert held is not None
+    assert held.run == "r2"
+    assert store.release_many([Release("j1", A, RUNNING, "r2")]) == [False]  # marked already
+    assert store.release_many([Release("j1", A, 0, "r2")]) == [True]
+    assert store.release_many([Release("j1", A, RUNNING, "r3")]) == [False]  # not held: no take
+    assert store.get(A) is None
+    decide(store, active("j2", scope=Scope.EXISTS))
+    assert store.release_many([Release("j1", A, RUNNING, "r4")]) == [False]  # another job's
+    store.release("j2", A, keep_ms=LONG)
+    assert store.release_many([Release("j2", A, RUNNING, "r5")]) == [False]  # finished

@@ -31,6 +31,8 @@ PREFIX = "paths"
 HANG_S = 20.0
 #: How long every other body takes: long enough to be seen running.
 WORK_S = 0.3
+#: How long a slow body takes: long enough for a copy of another job to come meanwhile.
+SLOW_S = 2.0
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
@@ -122,6 +124,9 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     def work(self: Any, run: int) -> None:
         time.sleep(WORK_S)
 
+    def slow(self: Any, run: int) -> None:
+        time.sleep(SLOW_S)
+
     def hang_first(self: Any, run: int) -> None:
         time.sleep(HANG_S if run == 1 else WORK_S)
 
@@ -197,6 +202,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("killed_requeue", hang_first, acks_late=True, reject_on_worker_lost=True)
     task("killed_retry", hang_first, retry_on_worker_lost=True, default_retry_delay=WORK_S)
     task("probe", work)
+    task("slow", slow)
     if producer:
         # Registered here only: the worker has never heard of it.
         task("unknown", work)

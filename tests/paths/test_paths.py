@@ -30,43 +30,28 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
-from celery import Celery
 
-from celery_unique import Disposition, keyspace
-from celery_unique import config as unique_config
+from celery_unique import Disposition
 from celery_unique.stores import redis as redis_store
-from celery_unique.stores.redis import RedisStore
-from tests.conftest import fresh_queue_name, require_service, service_port
 from tests.paths import _app
-from tests.processes import RedisServer, Worker
+from tests.paths._pass import LEASE_S, RETENTION_S, Pass
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX_DOC = REPO / "docs" / "_generated" / "path-matrix.md"
 
-#: The lease of every key (seconds): what frees the key of a message the broker
-#: drops without a word. Longer than any job's wait in the queue.
-LEASE_S = 15.0
-#: How long an ``exists`` key is kept after its job (``result_expires``).
-RETENTION_S = 3.0
 #: How long after its start a run is killed or terminated.
 CUT_AFTER_S = 0.3
 #: How often each cell samples the store.
 SAMPLE_S = 0.025
-#: Pool processes (or threads) of the worker, and messages it reserves per process:
-#: together more than a pass's jobs, so no message waits in the broker (where
-#: RabbitMQ would drop one that expires before a worker took it).
-CONCURRENCY = 24
-PREFETCH = 4
 #: After the key is released, how long a cell keeps watching for more runs.
 SETTLE_S = 2.0
 #: A release counts as "at" an event when it follows it within this long.
@@ -243,42 +228,21 @@ def expected_kind(path: Path_, scope: str, broker: str) -> str:
     return "start" if scope == "queued" else "end"
 
 
-@dataclass
-class Pass:
-    """One worker, one broker: the context every cell of a pass shares."""
-
-    broker: str
-    pool: str
-    spec: dict[str, Any]
-    app: Celery
-    store: RedisStore
-    marks: Any
-    worker: Worker
-
-    def storage_key(self, key: str) -> str:
-        return keyspace.storage_key(self.spec["namespace"], keyspace.ACTIVE, "", key)
-
-    def runs(self, job_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        ns = self.spec["namespace"]
-        starts = [json.loads(raw) for raw in self.marks.lrange(f"{ns}:s:{job_id}", 0, -1)]
-        ends = [json.loads(raw) for raw in self.marks.lrange(f"{ns}:e:{job_id}", 0, -1)]
-        return starts, ends
-
-    def sample(self, stored: str, seen: Observed) -> None:
-        """One look at the key and the job's runs, in one round trip (store and marks: db 0)."""
-        ns = self.spec["namespace"]
-        with self.marks.pipeline(transaction=False) as pipe:
-            pipe.get(stored)
-            pipe.pttl(stored)
-            pipe.lrange(f"{ns}:s:{seen.job_id}", 0, -1)
-            pipe.lrange(f"{ns}:e:{seen.job_id}", 0, -1)
-            value, ttl, starts, ends = pipe.execute()
-        held = None if value is None else redis_store._held(stored, value, ttl)
-        seen.samples.append(
-            (time.monotonic_ns(), held.job_id if held else None, bool(held and held.finished))
-        )
-        seen.starts = [json.loads(raw) for raw in starts]
-        seen.ends = [json.loads(raw) for raw in ends]
+def sample(run: Pass, stored: str, seen: Observed) -> None:
+    """One look at the key and the job's runs, in one round trip (store and marks: db 0)."""
+    ns = run.spec["namespace"]
+    with run.marks.pipeline(transaction=False) as pipe:
+        pipe.get(stored)
+        pipe.pttl(stored)
+        pipe.lrange(f"{ns}:s:{seen.job_id}", 0, -1)
+        pipe.lrange(f"{ns}:e:{seen.job_id}", 0, -1)
+        value, ttl, starts, ends = pipe.execute()
+    held = None if value is None else redis_store._held(stored, value, ttl)
+    seen.samples.append(
+        (time.monotonic_ns(), held.job_id if held else None, bool(held and held.finished))
+    )
+    seen.starts = [json.loads(raw) for raw in starts]
+    seen.ends = [json.loads(raw) for raw in ends]
 
 
 def play(run: Pass, path: Path_, scope: str) -> Observed:
@@ -300,7 +264,7 @@ def play(run: Pass, path: Path_, scope: str) -> Observed:
     deadline = time.monotonic() + LEASE_S + 15
     released: float | None = None
     while time.monotonic() < deadline:
-        run.sample(stored, seen)
+        sample(run, stored, seen)
         drive(run, path, seen)
         if released is None and seen.released_at is not None:
             released = time.monotonic()
@@ -449,60 +413,6 @@ def compare_with_docs(section: str, table: str) -> None:
         f"docs/_generated/path-matrix.md ({section}) differs from what this run observed; "
         "rerun with UPDATE_PATH_MATRIX=1 if the change is intended:\n" + table
     )
-
-
-@pytest.fixture
-def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[[str, str], Pass]]:
-    """Start a worker for one broker and pool; everything is stopped afterwards."""
-    started: list[tuple[Worker, Celery, RedisStore, Any]] = []
-
-    def start(broker: str, pool: str) -> Pass:
-        if broker == "rabbitmq":
-            require_service("rabbitmq")
-            broker_url = f"amqp://guest:guest@127.0.0.1:{service_port('rabbitmq')}//"
-        else:
-            broker_url = services.url(1)
-        namespace = f"paths-{uuid.uuid4().hex[:10]}"
-        spec = {
-            "broker_url": broker_url,
-            "queue": fresh_queue_name(),
-            "idle_queue": fresh_queue_name(),
-            "store_url": services.url(0),
-            "marks_url": services.url(0),
-            "namespace": namespace,
-            "lease_s": LEASE_S,
-            "retention_s": RETENTION_S,
-            "prefetch": PREFETCH,
-        }
-        module = f"pathsapp_{namespace.replace('-', '_')}"
-        (tmp_path / f"{module}.py").write_text(
-            "import json, os\nfrom tests.paths._app import build\n"
-            "app = build(json.loads(os.environ['PATHS_SPEC']))\n"
-        )
-        worker = Worker(
-            tmp_path,
-            module,
-            [spec["queue"]],
-            f"paths-{pool}-{uuid.uuid4().hex[:6]}",
-            pool=pool,
-            concurrency=CONCURRENCY,
-            extra_args=["--without-heartbeat"],
-            env={"PATHS_SPEC": json.dumps(spec)},
-        )
-        app = _app.build(spec, producer=True)
-        store = RedisStore.from_url(spec["store_url"])
-        marks = redis.Redis.from_url(spec["marks_url"])
-        started.append((worker, app, store, marks))
-        worker.wait_ready()
-        return Pass(broker, pool, spec, app, store, marks, worker)
-
-    yield start
-    for worker, app, store, marks in started:
-        worker.close()
-        unique_config.reset(app)
-        app.close()
-        store.close()
-        marks.close()
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@
 --   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
 -- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
 --
--- Value: seven fields joined by 0x1F (a value written before the seventh existed
--- has six, and reads with no since):
+-- Value: nine fields joined by 0x1F (values written by earlier versions have six
+-- or seven, and read with the missing ones empty):
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
 --   job_id    the job the key points at
@@ -16,6 +16,8 @@
 --   fp        window keys: request fingerprint digest; else ""
 --   policy    window keys: retry/time-limit settings digest; else ""
 --   since     when a decision wrote the key: ms since the epoch, the server's clock
+--   run       active keys: the delivery of the job running now; "" when none is
+--   from      active keys: the running job that handed the key over to this one; ""
 -- Expiry is the key's own TTL, so time is always the server's clock.
 
 local US = "\31"
@@ -27,11 +29,12 @@ local function decode(value)
     f[#f + 1] = part
   end
   return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6],
-          since = f[7] or ""}
+          since = f[7] or "", run = f[8] or "", from = f[9] or ""}
 end
 
 local function encode(r)
-  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or ""}, US)
+  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or "",
+                       r.run or "", r.from or ""}, US)
 end
 
 -- The server's clock in ms since the epoch.

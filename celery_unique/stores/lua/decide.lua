@@ -72,7 +72,8 @@ for i = 0, count - 1 do
       result = {"created", job, "0"}
       if akey then
         pending[#pending + 1] = {akey, {kind = scope, finished = "0", job = job, task = task,
-                                        fp = "", policy = "", since = since}, lease}
+                                        fp = "", policy = "", since = since,
+                                        from = hands_off and holder or ""}, lease}
       end
     end
     for _, w in ipairs(pending) do write(w[1], w[2], w[3]) end

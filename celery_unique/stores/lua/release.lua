@@ -1,24 +1,40 @@
 -- release: end jobs' holds on active-type keys (compare-and-delete), many at once.
 --
 -- KEYS: the active-type keys
--- ARGV[2i - 1]: job id that must still hold KEYS[i]
--- ARGV[2i]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
---           n keep n ms
+-- ARGV[3i - 2]: job id that must still hold KEYS[i]
+-- ARGV[3i - 1]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
+--               n keep n ms; "-" keep as it is (the job goes on), only end the run;
+--               "+" only mark the run (it started)
+-- ARGV[3i]: the delivery whose run ended ("" the message never ran); a key that
+--           another delivery of the job is running under is left alone
 -- Returns: one string, a character per key: "1" if the key was held by the job and
 --   changed, else "0".
 
 local changed = {}
 for i, key in ipairs(KEYS) do
-  local job, keep = ARGV[2 * i - 1], ARGV[2 * i]
+  local job, keep, run = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local r = decode(redis.call("GET", key))
   local done = "0"
-  if r and r.job == job and r.kind ~= "w" then
-    if keep == "0" then
+  if keep == "+" then
+    if r and r.job == job and r.kind ~= "w" and r.finished ~= "1" and r.run ~= run then
+      r.run = run
+      redis.call("SET", key, encode(r), "KEEPTTL")
+      done = "1"
+    end
+  elseif r and r.job == job and r.kind ~= "w" and (r.run == "" or r.run == run) then
+    if keep == "-" then
+      if r.run ~= "" then
+        r.run = ""
+        redis.call("SET", key, encode(r), "KEEPTTL")
+        done = "1"
+      end
+    elseif keep == "0" then
       redis.call("DEL", key)
       done = "1"
     elseif r.finished ~= "1" then
       -- A repeated final release must not push retention further.
       r.finished = "1"
+      r.run = ""
       put(key, encode(r), keep)
       done = "1"
     end

@@ -1,0 +1,125 @@
+"""Every run marks its job's key, so that no copy of a message runs beside another job.
+
+Brokers deliver at least once. A Redis transport puts back the unacknowledged
+messages of a worker that lost its connection (or ran past the visibility
+timeout) although they may be running or done; a publish retried after a
+dropped connection can land twice; the message of a run that was retried or
+replaced comes back if its acknowledgement was lost. Each copy carries the
+job's id. Were the end of one copy to release the key while another copy
+waits or runs, a new job could take the key and run beside it.
+
+So each delivery gets its own run id, chosen by the worker's main process and
+handed to the pool in the request. Before the job's body runs, the pool marks
+the key with it (:meth:`~celery_unique.stores.base.Store.start_run`): a key
+the job holds gets the mark, a key nobody holds is taken again, and a key
+another job holds now means this copy's job ran already and its key moved
+on: the copy is acknowledged without running (:class:`Stale`). Releases name
+their run, and the store leaves alone a key that another delivery of the job
+runs under.
+
+The main process also sends the mark, in the background, once the pool took
+the job: in order with its other writes, so that the end of an earlier
+delivery of the job that this worker ran reaches the store first, and so
+that a run the store could not mark at its start (the store did not answer
+then) is marked before its own release.
+
+``queued`` keys are released when a run starts; they mark nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from celery.exceptions import Ignore
+
+from celery_unique.config import runtime
+from celery_unique.exceptions import BackendUnavailable
+from celery_unique.headers import KeyHeader, read_header
+from celery_unique.stores.base import RunStart, Scope
+
+logger = logging.getLogger("celery_unique")
+
+#: The request field that carries a delivery's run id from the main process to the pool.
+RUN_FIELD = "celery_unique_run"
+_MARKED_SCOPES = (Scope.ACTIVE.value, Scope.EXISTS.value)
+
+
+class Stale(Ignore):
+    """This delivery is a copy of a job whose key another job holds now: it does not run."""
+
+
+def assign(request_dict: dict[str, Any], header: KeyHeader) -> str | None:
+    """Give a delivery its run id (worker main process); ``None`` if its key takes no mark."""
+    if not header.get("a") or header.get("s") not in _MARKED_SCOPES:
+        return None
+    run = uuid.uuid4().hex
+    request_dict[RUN_FIELD] = run
+    return run
+
+
+def begin(task: Any) -> str | None:
+    """Mark the key of the job ``task`` is about to run (pool); the other holder if stale.
+
+    A store that does not answer does not hold the job up: it runs, and the
+    mark the worker's main process sends once the pool took the job (see
+    :meth:`~celery_unique.worker.fates.Fate.started`) reaches the store later.
+    """
+    request = task.request
+    run = getattr(request, RUN_FIELD, None)
+    if not run or request.is_eager or request.called_directly:
+        return None
+    header = read_header(request)
+    key = header.get("a") if header else None
+    if header is None or not key or header.get("s") not in _MARKED_SCOPES:
+        return None
+    rt = runtime(task.app)
+    start = RunStart(run, Scope(header["s"]), task.name, rt.lease_ms)
+    try:
+        return rt.store.start_run(request.id, key, start)
+    except BackendUnavailable as exc:
+        logger.warning(
+            "uniqueness store not answering; job %s runs, its key %r is marked later: %s",
+            request.id,
+            key,
+            exc,
+        )
+        return None
+
+
+def stale(task: Any, holder: str) -> Stale:
+    """The exception that ends a stale delivery, logged once."""
+    job_id, key = task.request.id, (read_header(task.request) or {}).get("a")
+    logger.warning(
+        "job %s is not run: its key %r is held by job %s now (this delivery is a copy "
+        "of a job that ran already, delivered again by the broker)",
+        job_id,
+        key,
+        holder,
+    )
+    return Stale(f"key held by job {holder}")
+
+
+def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    # Unique tasks mark their key in __call__, where a stale copy can still be
+    # stopped. Any other task carrying the header (the replacement of a unique
+    # task, say) marks it here: the mark keeps the key, but the run goes ahead.
+    task = task if task is not None else sender
+    if task is None or getattr(task, "_marks_runs", False):
+        return
+    holder = begin(task)
+    if holder is not None:
+        logger.warning(
+            "job %s runs although its key is held by job %s now: task %s cannot be "
+            "stopped before its body (it is not a UniqueTask)",
+            task.request.id,
+            holder,
+            task.name,
+        )
+
+
+def connect() -> None:
+    from celery import signals
+
+    signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_unique.runs.prerun")

@@ -1,0 +1,3 @@
+from tests.paths._pass import matrix_pass
+
+__all__ = ["matrix_pass"]

@@ -1,0 +1,143 @@
+"""A message the broker delivers twice, on a real prefork worker.
+
+Brokers deliver at least once: the Redis transport puts back the unacknowledged
+messages of a worker that lost its connection (or ran past the visibility
+timeout), a publish retried after a dropped connection can land twice. Each
+copy carries the job's id and its key header. The tests make such a copy the
+way the broker does, by pushing the very message again into the queue the
+worker reads, and check that uniqueness still holds:
+
+* a copy of a job that has finished, delivered while another job holds the
+  key, does not run (two jobs never run under one key at once);
+* two copies of one job running at once: the end of the first leaves the key
+  to the second, so no new job is created while the job still runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from celery_unique import Disposition
+from tests.paths import _app
+from tests.paths._pass import Pass
+
+pytestmark = [pytest.mark.slow]
+
+#: How often the store is sampled.
+SAMPLE_S = 0.02
+
+
+def capture(run: Pass, task: str, key: str) -> tuple[str, bytes]:
+    """Dispatch ``task`` under ``key`` (scope ``active``) to a queue no worker reads;
+    take its message out of the broker, as the broker holds it."""
+    result = run.app.tasks[f"{_app.PREFIX}.{task}"].apply_async(
+        kwargs={"key": key},
+        unique_while="active",
+        unique_prefix=False,
+        queue=run.spec["idle_queue"],
+    )
+    assert result.disposition is Disposition.CREATED
+    broker = run.broker_client()
+    deadline = time.monotonic() + 5
+    while (raw := broker.rpop(run.spec["idle_queue"])) is None:
+        assert time.monotonic() < deadline, "the message never reached the broker"
+        time.sleep(0.01)
+    return result.id, raw
+
+
+def deliver(run: Pass, raw: bytes) -> None:
+    """Put a copy of the message in the worker's queue (a fresh delivery tag, as a
+    re-published copy has)."""
+    message: dict[str, Any] = json.loads(raw)
+    properties = message["properties"]
+    properties["delivery_tag"] = str(uuid.uuid4())
+    properties["delivery_info"] = {"exchange": run.spec["queue"], "routing_key": run.spec["queue"]}
+    run.broker_client().lpush(run.spec["queue"], json.dumps(message))
+
+
+def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting: {what}"
+        time.sleep(SAMPLE_S)
+    return value
+
+
+def spans(run: Pass, job_id: str) -> list[tuple[int, int | None]]:
+    """(start, end) of each run of the job, on the machine's monotonic clock."""
+    starts, ends = run.runs(job_id)
+    end_of = {end["run"]: end["end"] for end in ends}
+    return [(start["start"], end_of.get(start["run"])) for start in starts]
+
+
+@pytest.fixture
+def cell(matrix_pass: Callable[[str, str], Pass]) -> tuple[Pass, str, str]:
+    """A prefork worker on a Redis broker, and a key of the test's own (and its storage key)."""
+    run = matrix_pass("redis", "prefork")
+    key = f"copies:{uuid.uuid4().hex[:8]}"
+    return run, key, run.storage_key(key)
+
+
+def test_a_copy_of_a_finished_job_does_not_run_beside_the_job_holding_its_key(
+    cell: tuple[Pass, str, str],
+) -> None:
+    """X runs and ends, Y takes the key, then the broker delivers X again: X stays done."""
+    run, key, stored = cell
+    first, raw = capture(run, "success", key)
+    deliver(run, raw)
+    wait_for(lambda: spans(run, first) and spans(run, first)[0][1], "the job's first run")
+    wait_for(lambda: run.store.get(stored) is None, "the release of the first job's key")
+
+    second = run.app.tasks[f"{_app.PREFIX}.slow"].apply_async(
+        kwargs={"key": key}, unique_while="active", unique_prefix=False
+    )
+    assert second.disposition is Disposition.CREATED
+    wait_for(lambda: spans(run, second.id), "the second job's start")
+    deliver(run, raw)  # the broker delivers the first job again
+    wait_for(lambda: spans(run, second.id)[0][1], "the second job's end")
+    time.sleep(1.0)  # any run of the copy would have started by now
+
+    assert len(spans(run, first)) == 1, (
+        f"the copy of finished job {first} ran beside job {second.id}, which held its key"
+    )
+    assert run.store.get(stored) is None, "the key of the job that ran last was not released"
+    assert f"job {first} is not run" in run.worker.log()
+
+
+def test_the_end_of_one_copy_leaves_the_key_to_the_copy_still_running(
+    cell: tuple[Pass, str, str],
+) -> None:
+    """Two copies of X run at once: when the first ends, X still runs, so X still holds the key."""
+    run, key, stored = cell
+    job, raw = capture(run, "slow", key)
+    deliver(run, raw)
+    wait_for(lambda: spans(run, job), "the first copy's start")
+    time.sleep(_app.SLOW_S / 2)
+    deliver(run, raw)
+    wait_for(lambda: len(spans(run, job)) == 2, "the second copy's start")
+    wait_for(lambda: spans(run, job)[0][1], "the first copy's end")
+
+    dispatches = []
+    while spans(run, job)[1][1] is None:
+        asked = time.monotonic_ns()
+        held = run.store.get(stored)
+        probe = run.app.tasks[f"{_app.PREFIX}.probe"].apply_async(
+            kwargs={"key": key}, unique_while="active", unique_prefix=False
+        )
+        dispatches.append(probe)
+        if probe.disposition is not Disposition.REUSED:
+            ended = spans(run, job)[1][1]
+            still_ran = ended is None or ended > asked
+            assert not still_ran, (
+                f"a new job {probe.id} was created while job {job} still ran (key: {held})"
+            )
+            break
+        time.sleep(0.1)
+    assert dispatches, "the second copy ended before the first: nothing was checked"
+    wait_for(lambda: run.store.get(stored) is None, "the release after the last copy ended")

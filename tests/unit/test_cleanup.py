@@ -1,0 +1,63 @@
+"""The background sender of owed writes keeps each key's writes in the order they were owed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from celery_unique import cleanup
+from celery_unique.exceptions import BackendUnavailable
+from celery_unique.stores.base import GOES_ON, Release
+from celery_unique.stores.memory import MemoryStore
+
+
+class FlakyStore(MemoryStore):
+    """Refuses its first ``failures`` release calls (a fake: the order is what is tested)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+        self.sent: list[Release] = []
+        self.lock = threading.Lock()
+
+    def release_many(self, releases: Sequence[Release]) -> list[bool]:
+        with self.lock:
+            if self.failures:
+                self.failures -= 1
+                raise BackendUnavailable("not answering")
+            self.sent += releases
+        return [True for _ in releases]
+
+
+def test_a_write_owed_later_never_overtakes_an_earlier_one_of_the_same_key() -> None:
+    """The end of a run is refused once and retried; the next run's release, owed after it
+    and ready at once, still reaches the store second."""
+    store = FlakyStore(failures=1)
+    sender = cleanup.Cleanup()
+    sender.start()
+    ended = Release("j1", "k", GOES_ON, "r1")
+    other_key = Release("j2", "other", 0, None)
+    sender.owe(
+        cleanup.Owed(store=store, what="end r1", deadline=cleanup.deadline_after(60), release=ended)
+    )
+    assert _wait_until(lambda: store.failures == 0)
+    released = Release("j1", "k", 0, "r2")
+    for hold in (released, other_key):
+        sender.owe(
+            cleanup.Owed(
+                store=store, what="release", deadline=cleanup.deadline_after(60), release=hold
+            )
+        )
+    assert sender.flush(10)
+    assert store.sent.index(ended) < store.sent.index(released)
+    assert set(store.sent) == {ended, released, other_key}
+
+
+def _wait_until(condition: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.001)
+    return False
