@@ -15,6 +15,8 @@ STORES: dict[str, str] = {
     "unix": "celery_unique.stores.redis:RedisStore.from_url",
     "redis+cluster": "celery_unique.stores.redis:RedisStore.from_url",
     "rediss+cluster": "celery_unique.stores.redis:RedisStore.from_url",
+    "redis+sentinel": "celery_unique.stores.redis:RedisStore.from_url",
+    "rediss+sentinel": "celery_unique.stores.redis:RedisStore.from_url",
     "sqlite": "celery_unique.stores.sqlite:SQLiteStore.from_url",
     "memory": "celery_unique.stores.memory:MemoryStore.from_url",
     "django": "django_integration.store:DjangoStore.from_url",

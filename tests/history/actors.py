@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from billiard.exceptions import TimeLimitExceeded
 from celery import Celery, Task, signals
 from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 
@@ -167,6 +168,7 @@ def build(spec: Spec, *, role: str) -> Celery:
     def body(task: Any, key: str | None, mode: str, hold_ms: int) -> None:
         """Record the run, play the mode, record how it ended."""
         job = task.request.id
+        task.request.chaos_ran = True
         run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
         limits = {"limit_s": HARD_LIMIT_S} if mode in ("soft_limit", "hard_limit") else {}
         record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
@@ -214,8 +216,10 @@ def build(spec: Spec, *, role: str) -> Celery:
             raise
         finally:
             record("end", job=job, run=run, outcome=outcome, t=now())
+            task.request.chaos_run, task.request.chaos_outcome = run, outcome
 
     limits = {"soft_time_limit": SOFT_LIMIT_S, "time_limit": HARD_LIMIT_S}
+    _GOES_ON = ("retry", "requeue", "replace")
 
     @app.task(
         name="chaos.job",
@@ -271,10 +275,33 @@ def build(spec: Spec, *, role: str) -> Celery:
         def main_started(**_: Any) -> None:
             watch_settling(record, f"worker-{os.getpid()}")
 
+        def failed(task_id: str = "", exception: Any = None, **_: Any) -> None:
+            # Sent by the main process when a run's hard time limit fires: the
+            # message is acknowledged then (a pool child killed meanwhile is not
+            # retried, although the pool may only hear of its death afterwards).
+            if isinstance(exception, TimeLimitExceeded):
+                record("timed_out", job=task_id, t=now())
+
         unique_signals.key_released.connect(released, weak=False, dispatch_uid="chaos.released")
         signals.task_revoked.connect(revoked, weak=False, dispatch_uid="chaos.revoked")
         signals.task_received.connect(received, weak=False, dispatch_uid="chaos.received")
         signals.worker_init.connect(main_started, weak=False, dispatch_uid="chaos.settling")
+        signals.task_failure.connect(failed, weak=False, dispatch_uid="chaos.timed_out")
+
+        def after_run(task_id: str = "", task: Any = None, state: str = "", **_: Any) -> None:
+            # A run that ended before its body started (a store that hung when the
+            # pool asked it to mark the key, until the soft time limit).
+            if task is None:
+                return
+            request = task.request
+            if not getattr(request, "chaos_ran", False):
+                record("unrun", job=task_id, state=state, t=now())
+            elif state == "FAILURE" and getattr(request, "chaos_outcome", "fail") in _GOES_ON:
+                # The soft time limit struck between the body's record and the
+                # exception that carried the job on: the run failed, for good.
+                record("end", job=task_id, run=request.chaos_run, outcome="fail", t=now())
+
+        signals.task_postrun.connect(after_run, weak=False, dispatch_uid="chaos.unrun")
     app.finalize()
     return app
 

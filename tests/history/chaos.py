@@ -46,6 +46,7 @@ import redis
 from tests.faultproxy import FaultProxy
 from tests.history.actors import Spec, now, produce
 from tests.history.broken import OVERRIDE as BROKEN_STORE
+from tests.history.broker_log import lost_in_transport
 from tests.history.checker import DESCRIPTIONS, History, Report, build_jobs, check
 from tests.processes import REPO, RedisServer, Worker, free_port, group_members
 
@@ -54,6 +55,8 @@ PRODUCERS = 3
 NODES = 2
 #: After the queues drained, how long the workers' last owed releases may take.
 SETTLE_S = 3.0
+#: With the broker empty, how long to wait for jobs that no longer end.
+STALLED_S = 10.0
 FAULT_KINDS = (
     "child_kill",
     "node_kill",
@@ -118,7 +121,9 @@ class Run:
         self.broker: RedisServer | None = None
         if config.broker == "redis":
             (servers / "broker").mkdir()
-            self.broker = RedisServer(free_port(), servers / "broker", durable)
+            # Never rewritten, so its log keeps every message's story (broker_log).
+            history = ("--auto-aof-rewrite-percentage", "0")
+            self.broker = RedisServer(free_port(), servers / "broker", durable + history)
         for server in (self.marks, self.store, self.broker):
             if server is not None:
                 server.start()
@@ -156,6 +161,7 @@ class Run:
     # -- workers --------------------------------------------------------------------
 
     def start_node(self, index: int) -> None:
+        """Start node ``index`` and wait until it is ready (without holding the node lock)."""
         worker = Worker(
             self.directory,
             "chaosapp",
@@ -167,7 +173,8 @@ class Run:
         )
         self.stack.callback(worker.close)
         worker.wait_ready()
-        self.nodes[index] = worker
+        with self.node_lock:
+            self.nodes[index] = worker
 
     def kill_child(self) -> None:
         with self.node_lock:
@@ -199,9 +206,7 @@ class Run:
         def restart() -> None:
             # In the background: other faults go on while the node boots.
             time.sleep(pause)
-            with self.node_lock:
-                if self.nodes[index] is None:
-                    self.start_node(index)
+            self.start_node(index)
 
         threading.Thread(target=restart, daemon=True).start()
 
@@ -213,21 +218,25 @@ class Run:
         """
         while not stop.wait(0.2):
             with self.node_lock:
-                for index, node in enumerate(self.nodes):
-                    if node is not None and not node.alive():
-                        self.record(
-                            "kill", pids=[], whole=True, node=node.name, crash=True, t=now()
-                        )
-                        self.faults["node_crash"] += 1
-                        node.close()
-                        self.start_node(index)
+                crashed = [
+                    (index, node)
+                    for index, node in enumerate(self.nodes)
+                    if node is not None and not node.alive()
+                ]
+                for index, node in crashed:
+                    self.record("kill", pids=[], whole=True, node=node.name, crash=True, t=now())
+                    self.faults["node_crash"] += 1
+                    self.nodes[index] = None
+            for index, node in crashed:
+                node.close()
+                self.start_node(index)
 
     # -- the store and the broker -------------------------------------------------------
 
-    def impair(self, kind: str, target: str, action: Any) -> None:
+    def impair(self, kind: str, target: str, action: Any, **detail: Any) -> None:
         t0 = now()
         action()
-        self.record("fault", kind=kind, target=target, t0=t0, t1=now())
+        self.record("fault", kind=kind, target=target, t0=t0, t1=now(), **detail)
         self.faults[kind] += 1
 
     def inject(self) -> None:
@@ -254,7 +263,7 @@ class Run:
         elif kind == "store_restart":
             self.impair(kind, "store", lambda: self.restart(self.store))
         elif kind == "broker_restart":
-            self.impair(kind, "broker", self.restart_broker)
+            self.impair(kind, "broker", self.restart_broker, transport=self.config.broker)
 
     def restart(self, server: RedisServer) -> None:
         server.stop(signal.SIGKILL)
@@ -270,11 +279,13 @@ class Run:
 
     def heal(self) -> None:
         self.proxy.heal()
-        time.sleep(2.0)  # a node restarting in the background
-        with self.node_lock:
-            for index, node in enumerate(self.nodes):
-                if node is None or not node.alive():
-                    self.start_node(index)
+        # Nodes restarting in the background come up by themselves.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with self.node_lock:
+                if all(node is not None and node.alive() for node in self.nodes):
+                    return
+            time.sleep(0.2)
 
     # -- quiescence ---------------------------------------------------------------------------
 
@@ -371,6 +382,9 @@ def run(config: Config) -> Outcome:
         drain(actors, directory, deadline=time.monotonic() + config.drain_s)
         time.sleep(SETTLE_S)  # the workers' last releases
         actors.record("keys", held=actors.snapshot_keys(), t=now())
+        if actors.broker is not None and actors.queue_empty():
+            for job in sorted(lost_in_transport(actors.broker.directory / "appendonlydir")):
+                actors.record("transport_lost", job=job, t=now())
         stop_watching.set()
         for node in actors.nodes:
             if node is not None:
@@ -381,15 +395,21 @@ def run(config: Config) -> Outcome:
 
 
 def drain(actors: Run, directory: Path, deadline: float) -> None:
-    """Wait until every created job has ended and the broker holds no message (or ``deadline``)."""
-    steady = 0
+    """Wait until the broker holds no message and every created job ended (or ``deadline``).
+
+    Jobs that will never end (their message is gone) stop the wait once the
+    broker is empty and no job has ended for :data:`STALLED_S`.
+    """
+    steady, unended, since = 0, -1, time.monotonic()
     while time.monotonic() < deadline:
         if actors.queue_empty():
             jobs, _ = build_jobs(History.load(directory))
-            if all(job.final_end() is not None for job in jobs.values()):
-                steady += 1
-                if steady >= 3:
-                    return
+            left = sum(job.final_end() is None for job in jobs.values())
+            if left != unended:
+                unended, since = left, time.monotonic()
+            steady += 1
+            if steady >= 3 and (left == 0 or time.monotonic() - since > STALLED_S):
+                return
         else:
             steady = 0
         time.sleep(1.0)
@@ -413,6 +433,10 @@ def render(outcome: Outcome) -> str:
     rows += [
         ("worker crashes (restarted)", str(outcome.faults["node_crash"])),
         ("lease lapses (documented, not violations)", str(counts["lease lapses"])),
+        (
+            "messages lost by the Redis transport (restart, worker kill)",
+            str(counts["messages lost by the Redis transport"]),
+        ),
         ("uncertain publishes that ran", str(counts["uncertain publishes that ran"])),
     ]
     rows += [(f"violations {name} ({DESCRIPTIONS[name]})", str(n)) for name, n in found.items()]

@@ -21,10 +21,16 @@ one clock for every process of a Linux machine):
     ``job``, ``key``, ``t``: a release of the job's key reached the store and
     changed it.
 ``dropped`` (a worker's main process): ``job``, ``t``: discarded unrun (revoked, expired).
+``unrun`` (a pool child): ``job``, ``state``, ``t``: a run ended before its body began
+    (``FAILURE``: it failed there, for good; ``IGNORED``: a stale copy, not run).
+``timed_out`` (a worker's main process): ``job``, ``t``: a run's hard time limit fired
+    and its message was acknowledged (a child killed just before is not retried).
 ``settled`` (any process): ``proc``, ``t``: the process owed the store nothing any more.
 ``kill`` (the orchestrator): ``pids``, ``node``, ``t``, ``whole`` (the node) or a child.
 ``fault`` (the orchestrator): ``kind``, ``t0``, ``t1``: the store or broker was impaired.
 ``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
+``transport_lost`` (the orchestrator, after quiescence): ``job``: the Redis broker's log
+    shows the job's message popped and never recorded as unacknowledged.
 
 :func:`check` verifies:
 
@@ -112,6 +118,9 @@ class Run:
     cut: int | None = None
     #: Its hard time limit, if it has one (a run cut by it has no end either).
     limit_s: float | None = None
+    #: Its pool child was killed: the message is requeued (``reject_on_worker_lost``)
+    #: and the job goes on, unless the main process timed the run out first.
+    killed: bool = False
 
     @property
     def until(self) -> int | None:
@@ -133,6 +142,10 @@ class Job:
     released: list[int] = field(default_factory=list)
     #: When a worker received one of its messages.
     received: list[int] = field(default_factory=list)
+    #: When a worker's main process timed one of its runs out (hard time limit).
+    timed_out: list[int] = field(default_factory=list)
+    #: When a run of it failed before its body began.
+    failed_unrun: list[int] = field(default_factory=list)
 
     def unheld_for(self, lease_ns: int, before: int) -> bool:
         """Whether, before ``before``, no worker held the job for long enough that its
@@ -153,9 +166,15 @@ class Job:
             if last.outcome in FINAL and last.end is not None:
                 ends.append(last.end)
             elif last.outcome is None and last.end is None and last.cut is not None:
-                ends.append(last.cut)  # cut short for good: a hard time limit
+                timed_out = [t for t in self.timed_out if t >= last.start]
+                if timed_out:
+                    ends.append(max(last.cut, min(timed_out)))  # acknowledged at its time limit
+                elif not last.killed:
+                    ends.append(last.cut)  # cut short for good: a hard time limit
         if self.dropped is not None:
             ends.append(self.dropped)
+        last_start = max((run.start for run in self.runs), default=0)
+        ends += [t for t in self.failed_unrun if t > last_start]
         return max(ends) if ends else None
 
 
@@ -253,6 +272,7 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
     for run in runs.values():
         if run.end is None:
             run.cut = next((t for t, pids in kills if t >= run.start and run.pid in pids), None)
+            run.killed = run.cut is not None
             if run.cut is None and run.limit_s is not None:
                 # Cut by the pool at its hard time limit (and killed within a second or so).
                 run.cut = int(run.start + (run.limit_s + 2) * 1e9)
@@ -265,12 +285,21 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
             job.dropped = max(job.dropped or 0, event["t"])
     for event in history.of("released"):
         job = jobs.get(event["job"])
-        if job is not None and event.get("reason") != "started":
+        # A queued key's release is the one at its job's start.
+        if job is not None and (event.get("reason") != "started" or job.scope == "queued"):
             job.released.append(event["t"])
     for event in history.of("received"):
         job = jobs.get(event["job"])
         if job is not None:
             job.received.append(event["t"])
+    for event in history.of("unrun"):
+        job = jobs.get(event["job"])
+        if job is not None and event["state"] == "FAILURE":
+            job.failed_unrun.append(event["t"])
+    for event in history.of("timed_out"):
+        job = jobs.get(event["job"])
+        if job is not None:
+            job.timed_out.append(event["t"])
     return jobs, failed
 
 
@@ -282,7 +311,8 @@ def check(history: History) -> Report:
     lapses: set[str] = set()
     violations += _overlaps(history, jobs, lapses)
     violations += _phantoms(history, jobs, failed, faults)
-    violations += _unended(history, jobs)
+    lost: set[str] = set()
+    violations += _unended(history, jobs, lost)
     violations += _left_behind(history, jobs)
     violations += _windows(history, jobs, failed)
     dispatches = list(history.of("dispatch"))
@@ -295,6 +325,7 @@ def check(history: History) -> Report:
         "errors": sum(item["out"] == "error" for item in items),
         "runs": sum(1 for _ in history.of("start")),
         "lease lapses": len(lapses),
+        "messages lost by the Redis transport": len(lost),
         "uncertain publishes that ran": len(
             {e["job"] for e in history.of("start")} & set(failed) - set(jobs)
         ),
@@ -386,11 +417,15 @@ def _phantoms(
                 continue  # it could still run
             if job.scope == "exists":
                 continue  # kept on purpose after the end (its retention)
-            landed = min(job.released) if job.released else None
-            if landed is not None and t0 < landed <= faults.settled_by(
-                end, end + RELEASE_WITHIN_NS
-            ):
+            # The release of that end (an earlier run's release may have come before).
+            landed = min((t for t in job.released if t >= end), default=None)
+            in_time = faults.settled_by(end, end + RELEASE_WITHIN_NS)
+            if landed is not None and t0 < landed <= in_time:
                 continue  # its release was on its way, and came in time
+            if landed is None and t0 < in_time:
+                # On its way: it landed later, or landed with its reply lost (no
+                # release event then), which I4 and later reuses would show.
+                continue
             if landed is None and _release_died(end, node_kills) and t0 < end + lease_ns:
                 continue  # the release died with its worker: the lease frees the key
             found.append(
@@ -443,10 +478,22 @@ def _lease_ns(history: History) -> int:
 # -- I3 -------------------------------------------------------------------------------
 
 
-def _unended(history: History, jobs: dict[str, Job]) -> list[Violation]:
+def _lost_by_broker(history: History, job: Job) -> bool:
+    """Whether the broker's own log shows the job's message lost by kombu's Redis transport.
+
+    The orchestrator reads it from the broker's append-only file after the
+    queues drained (:mod:`tests.history.broker_log`): such messages are
+    excused, and counted apart. A RabbitMQ run has none.
+    """
+    return any(event["job"] == job.id for event in history.of("transport_lost"))
+
+
+def _unended(history: History, jobs: dict[str, Job], lost: set[str]) -> list[Violation]:
     found: list[Violation] = []
     for job in jobs.values():
-        if job.final_end() is None:
+        if job.final_end() is None and _lost_by_broker(history, job):
+            lost.add(job.id)
+        elif job.final_end() is None:
             runs = (
                 ", ".join(f"run {r.number}: {r.outcome or 'cut'}" for r in job.runs) or "never ran"
             )
@@ -481,6 +528,8 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
                 and snapshot["t"] < end + lease_ns
             ):
                 continue  # its release died with its worker: the lease will free it
+            if job is not None and end is None and _lost_by_broker(history, job):
+                continue  # its message was lost by the broker: the lease will free it
             what = "a job no dispatch created" if job is None else f"job {held['job']}"
             found.append(
                 Violation(

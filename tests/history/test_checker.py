@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.history.broker_log import lost_in_transport
 from tests.history.checker import History, check
 
 S = 1_000_000_000  # a second, in the histories' nanoseconds
@@ -230,3 +233,60 @@ def test_i5_lets_a_new_job_in_once_the_window_ended() -> None:
         dispatch(7.0, window("J1", "reused", "A", match="window")),
     )
     assert violations(stale) == {"I5": 1}
+
+
+def test_i3_counts_a_message_the_broker_log_shows_lost_apart() -> None:
+    """A job whose message the Redis broker's log shows lost in transport is counted apart."""
+    retried = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="retry")]
+    report = check(history(*retried, {"e": "transport_lost", "job": "J1"}))
+    assert report.by_invariant()["I3"] == 0
+    assert report.counts["messages lost by the Redis transport"] == 1
+    assert violations(history(*retried, {"e": "transport_lost", "job": "J2"})) == {"I3": 1}
+
+
+def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
+    tmp_path: Path,
+) -> None:
+    """Pushed, popped, never recorded unacknowledged: lost; recorded: delivered."""
+
+    def resp(*args: str) -> bytes:
+        out = f"*{len(args)}\r\n".encode()
+        for arg in args:
+            out += f"${len(arg.encode())}\r\n{arg}\r\n".encode()
+        return out
+
+    def message(job: str) -> str:
+        return json.dumps({"body": "", "headers": {"id": job, "task": "t"}, "properties": {}})
+
+    aof = resp("LPUSH", "q", message("lost"))
+    aof += resp("LPUSH", "q", message("delivered")) + resp("RPOP", "q") + resp("RPOP", "q")
+    aof += resp("HSET", "unacked", "tag-1", json.dumps([message("delivered"), "q", "q"]))
+    aof += resp("LPUSH", "q", message("requeued"))
+    aof += resp("HSET", "unacked", "tag-2", json.dumps([message("requeued"), "q", "q"]))
+    aof += resp("LPUSH", "q", message("requeued")) + resp("RPOP", "q")
+    (tmp_path / "appendonly.aof.1.incr.aof").write_bytes(aof)
+    assert lost_in_transport(tmp_path) == {"lost", "requeued"}
+
+
+def test_i3_a_killed_run_goes_on_unless_its_time_limit_fired_first() -> None:
+    """A killed pool child's message is requeued: the job must run again, unless the
+    main process timed the run out first (then it was acknowledged, and it ended)."""
+    kill = {"e": "kill", "pids": [7], "whole": False, "t": int(1.3 * S)}
+    never_again = history(dispatch(1.0, created("J1")), run("J1", 1.1, None, pid=7), kill)
+    assert violations(never_again) == {"I3": 1}
+    requeued = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, None, pid=7),
+        kill,
+        run("J1", 2.0, 2.2, n=2, pid=8),
+        released("J1", 2.21),
+    )
+    assert violations(requeued) == {}
+    timed_out = history(
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, None, pid=7),
+        kill,
+        {"e": "timed_out", "job": "J1", "t": int(1.9 * S)},
+        released("J1", 1.95),
+    )
+    assert violations(timed_out) == {}
