@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-# Read, not imported: building the docs must not depend on the package importing.
-_pyproject = (Path(__file__).parent.parent / "pyproject.toml").read_text()
-_version = re.search(r'^version\s*=\s*"([^"]+)"', _pyproject, re.MULTILINE)
+# Read, not imported: the version's one source is the package's __version__.
+_init = (Path(__file__).parent.parent / "celery_unique" / "__init__.py").read_text()
+_version = re.search(r'^__version__\s*=\s*"([^"]+)"', _init, re.MULTILINE)
 
 project = "celery-unique"
 author = "celery-unique developers"
@@ -40,6 +40,8 @@ myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
 myst_heading_anchors = 3
 
 autodoc_typehints = "description"
+# Members inherited from Celery carry Celery's own Sphinx roles: document ours only.
+autodoc_inherit_docstrings = False
 
 html_theme = "furo"
 html_title = f"celery-unique {release}"

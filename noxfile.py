@@ -1,0 +1,163 @@
+"""The version matrix: every Celery, Python, Django and redis-py the project claims.
+
+``scripts/test`` runs the whole suite on the development environment (the
+newest Celery, kombu, redis-py and Django, on the machine's Python). Each cell
+here installs the project with other versions into a virtualenv of its own
+and runs the tests that tell whether it works there: unit, store contract,
+Django store contract, and a real prefork worker whose pool child is killed.
+``scripts/matrix`` runs every cell, two at a time, and prints a table.
+
+Interpreters are the ones already on the machine (pyenv's), never
+downloaded. A cell's virtualenv is kept between runs and rebuilt only when
+what it installs changes (its own pins, or the project's dependencies).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.error_on_missing_interpreters = True
+
+#: What every cell runs.
+TESTS = [
+    "tests/unit",
+    "tests/contract",
+    "tests/django/test_django_store_contract.py",
+    "tests/faults/test_worker_crash.py::test_acks_late_job_of_a_killed_pool_child_keeps_its_key_and_runs_again",
+]
+#: What a Django cell runs besides.
+DJANGO_TESTS = [
+    "tests/django/test_migrations.py",
+    "tests/django/test_checks.py",
+    "tests/django/test_django_store.py",
+]
+#: Test tools, in every cell.
+TOOLS = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "pytest-django>=4.8",
+    "hypothesis>=6.100",
+    "psycopg[binary]>=3.1",
+    "PyMySQL>=1.1",
+    "pydantic>=2",
+]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One combination: a name, a Python, and what it pins."""
+
+    name: str
+    python: str
+    pins: tuple[str, ...] = ()
+    #: uv's ``--resolution`` for the project's own dependencies.
+    resolution: str = "highest"
+    tests: tuple[str, ...] = field(default_factory=lambda: tuple(TESTS))
+    #: Why this cell is in the matrix.
+    why: str = ""
+
+
+MATRIX = (
+    Cell("celery-5.3", "3.10", ("celery==5.3.*", "kombu==5.3.*"), why="oldest Celery claimed, oldest Python"),
+    Cell("celery-5.4", "3.11", ("celery==5.4.*", "kombu==5.4.*")),
+    Cell("celery-5.5", "3.12", ("celery==5.5.*", "kombu==5.5.*")),
+    Cell("celery-5.6", "3.13", ("celery==5.6.*", "kombu==5.6.*")),
+    Cell("celery-5.7", "3.13", ("celery==5.7.*", "kombu==5.7.*"), why="newest Celery on the newest Python"),
+    Cell(
+        "django-4.2",
+        "3.10",
+        ("django==4.2.*",),
+        tests=(*TESTS, *DJANGO_TESTS),
+        why="oldest Django LTS",
+    ),
+    Cell("django-5.2", "3.12", ("django==5.2.*",), tests=(*TESTS, *DJANGO_TESTS)),
+    Cell(
+        "django-6.0",
+        "3.13",
+        ("django==6.0.*",),
+        tests=(*TESTS, *DJANGO_TESTS),
+        why="newest Django (needs Python 3.12+)",
+    ),
+    Cell("redis-6.4", "3.11", ("redis==6.4.*",), why="the redis-py floor the metadata declares"),
+    Cell(
+        "lowest-direct",
+        "3.10",
+        resolution="lowest-direct",
+        tests=(*TESTS, *DJANGO_TESTS),
+        why="every direct dependency at the floor the metadata declares",
+    ),
+)
+
+
+def interpreter(version: str) -> str:
+    """The machine's own Python ``version`` (pyenv's, or on PATH); never a download."""
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    for candidate in sorted(root.glob(f"{version}.*"), reverse=True):
+        binary = candidate / "bin" / f"python{version}"
+        if binary.exists():
+            return str(binary)
+    found = shutil.which(f"python{version}")
+    if found is None:
+        raise RuntimeError(f"Python {version} is not installed on this machine")
+    return found
+
+
+def fingerprint(cell: Cell) -> str:
+    """What decides a cell's installs: rebuild its virtualenv when this changes."""
+    pyproject = (ROOT / "pyproject.toml").read_bytes()
+    what = json.dumps([cell.python, cell.pins, cell.resolution, TOOLS]).encode()
+    return hashlib.sha256(pyproject + what).hexdigest()
+
+
+def _session(cell: Cell) -> None:
+    @nox.session(name=cell.name, python=interpreter(cell.python), venv_params=["--seed"])
+    def run(session: nox.Session) -> None:
+        stamp = Path(session.virtualenv.location) / ".cell-fingerprint"
+        wanted = fingerprint(cell)
+        if not stamp.exists() or stamp.read_text() != wanted:
+            env = {"UV_PYTHON_DOWNLOADS": "never"}
+            extras = ".[redis,django]"
+            if cell.resolution != "highest":
+                session.install(f"--resolution={cell.resolution}", extras, *cell.pins, env=env)
+                session.install(*TOOLS, env=env)
+            else:
+                session.install(extras, *cell.pins, *TOOLS, env=env)
+            stamp.write_text(wanted)
+        session.run("python", "-m", "pip", "list", silent=False, external=False)
+        session.run(
+            "python",
+            "-c",
+            "import celery, kombu, redis, django, celery_unique; "
+            "print('celery', celery.__version__, 'kombu', kombu.__version__, "
+            "'redis', redis.__version__, 'django', django.__version__)",
+        )
+        session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *cell.tests)
+
+
+for _cell in MATRIX:
+    _session(_cell)
+
+
+def render_matrix() -> str:
+    """The matrix as the README and the docs show it (``tests/unit/test_matrix_docs.py``)."""
+    rows = [
+        "| cell | Python | pins | tests | why |",
+        "|---|---|---|---|---|",
+        "| development (`scripts/test`) | 3.11 | newest of everything | the whole suite | |",
+    ]
+    for cell in MATRIX:
+        pins = ", ".join(f"`{pin}`" for pin in cell.pins) or f"`--resolution {cell.resolution}`"
+        tests = "+ Django app" if len(cell.tests) > len(TESTS) else "core"
+        rows.append(f"| `{cell.name}` | {cell.python} | {pins} | {tests} | {cell.why} |")
+    return "\n".join(rows) + "\n"
