@@ -69,11 +69,21 @@ class Cell:
 
 
 MATRIX = (
-    Cell("celery-5.3", "3.10", ("celery==5.3.*", "kombu==5.3.*"), why="oldest Celery claimed, oldest Python"),
+    Cell(
+        "celery-5.3",
+        "3.10",
+        ("celery==5.3.*", "kombu==5.3.*"),
+        why="oldest Celery claimed, oldest Python",
+    ),
     Cell("celery-5.4", "3.11", ("celery==5.4.*", "kombu==5.4.*")),
     Cell("celery-5.5", "3.12", ("celery==5.5.*", "kombu==5.5.*")),
     Cell("celery-5.6", "3.13", ("celery==5.6.*", "kombu==5.6.*")),
-    Cell("celery-5.7", "3.13", ("celery==5.7.*", "kombu==5.7.*"), why="newest Celery on the newest Python"),
+    Cell(
+        "celery-5.7",
+        "3.13",
+        ("celery==5.7.*", "kombu==5.7.*"),
+        why="newest Celery on the newest Python",
+    ),
     Cell(
         "django-4.2",
         "3.10",

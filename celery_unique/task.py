@@ -51,6 +51,13 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         holder = runs.begin(self)
         if holder is not None:
             raise runs.stale(self, holder)
+        request = self.request_stack.top
+        if request is not None and not request.called_directly:
+            # The worker's tracer has already pushed this job's request. Before
+            # Celery 5.7, Task.__call__ would push an empty one over it, and the
+            # body would see no task id; the tracer calls ``run`` itself for a
+            # task without a custom ``__call__``, so do the same.
+            return self.run(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
