@@ -30,9 +30,9 @@ from celery_unique.exceptions import (
 )
 from celery_unique.install import install
 from celery_unique.payload import Payload
-from celery_unique.receipt import Disposition, DuplicateMatch
+from celery_unique.receipt import Disposition, DuplicateMatch, UniqueResult
 from celery_unique.stores.base import Scope
-from celery_unique.task import UniqueTask
+from celery_unique.task import UniqueMixin, UniqueTask, UniqueWhile
 
 __version__ = "0.1.0"
 
@@ -54,7 +54,10 @@ __all__ = [
     "KeySelectorFailed",
     "Payload",
     "Scope",
+    "UniqueMixin",
+    "UniqueResult",
     "UniqueTask",
+    "UniqueWhile",
     "UniquenessConflict",
     "UniquenessError",
     "UniquenessRequired",

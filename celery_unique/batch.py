@@ -12,11 +12,10 @@ import contextlib
 from collections.abc import Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from celery import Celery, Task
 from celery.canvas import Signature, maybe_signature
-from celery.result import AsyncResult
 from celery.utils import uuid
 
 from celery_unique import signals
@@ -34,11 +33,10 @@ from celery_unique.dispatch import (
 )
 from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
 from celery_unique.publishing import Gate, gated, install_gate, store_answered, tolerate_outage
-from celery_unique.receipt import stamp
+from celery_unique.receipt import UniqueResult, stamp
 from celery_unique.stores.base import Decision, Verdict
 
-# A string: AsyncResult is subscriptable at run time only from Celery 5.7.
-Outcome = Union["AsyncResult[Any]", UniquenessError]
+Outcome = UniqueResult | UniquenessError
 
 #: kombu's publish batch flushes once it buffered this many transport commands.
 _NO_PARTIAL_FLUSH = 2**31 - 1

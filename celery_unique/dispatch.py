@@ -54,7 +54,7 @@ from celery_unique.publishing import (
     store_answered,
     tolerate_outage,
 )
-from celery_unique.receipt import Disposition, DuplicateMatch, stamp
+from celery_unique.receipt import Disposition, DuplicateMatch, UniqueResult, stamp
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,
@@ -346,7 +346,7 @@ def reused(
     *,
     callbacks: bool,
     group_member: bool = False,
-) -> AsyncResult[Any]:
+) -> UniqueResult:
     """The existing job's result, stamped as reused; warns when callbacks are left behind."""
     verdict = decision.verdict
     match = DuplicateMatch.WINDOW if verdict is Verdict.REUSED_WINDOW else DuplicateMatch.ACTIVE
@@ -356,7 +356,6 @@ def reused(
     # A window match means the same request, callbacks included (they are in the
     # fingerprint); an active match may hand back a job that lacks them.
     dropped = callbacks and match is DuplicateMatch.ACTIVE
-    result.callbacks_dropped = dropped  # type: ignore[attr-defined]
     if dropped:
         warnings.warn(
             f"{task.name}: dispatch reused job {decision.job_id} (active key {matched_key!r}); "
@@ -372,7 +371,13 @@ def reused(
             GroupMemberReused,
             stacklevel=5,
         )
-    return stamp(result, Disposition.REUSED, match, policy_drift=decision.policy_drift)
+    return stamp(
+        result,
+        Disposition.REUSED,
+        match,
+        policy_drift=decision.policy_drift,
+        callbacks_dropped=dropped,
+    )
 
 
 def rollback(rt: Runtime, claim: Claim) -> None:
@@ -463,7 +468,7 @@ def apply_unique(
     *,
     producer: Any = None,
     publishes: bool = True,
-) -> AsyncResult[Any]:
+) -> UniqueResult:
     """A dispatch of a unique task.
 
     ``send`` is Celery's own ``apply_async`` or ``send_task`` (``publishes=True``:
@@ -479,7 +484,7 @@ def apply_unique(
             # dispatch asked the store already; the job runs only if it created.
             gate.resolve()
             gate.passed = True
-            ran: AsyncResult[Any] = run_eagerly(
+            ran = run_eagerly(
                 app,
                 gate.rt,
                 gate.job_id,
@@ -488,7 +493,8 @@ def apply_unique(
                     args, kwargs, task_id=task_id, link=link, link_error=link_error, **options
                 ),
             )
-            return ran
+            # Stamped again, with the decision, by the dispatch that runs it.
+            return stamp(ran)
     overrides = take_dispatch_options(options)
     declaration: Declaration = task.__unique__  # type: ignore[attr-defined]
     if publishes:
@@ -529,7 +535,7 @@ def apply_unique(
     callbacks = bool(link or link_error or options.get("chain"))
     group_member = task_id is not None and bool(options.get("group_id"))
 
-    def not_published(decision: Decision) -> AsyncResult[Any]:
+    def not_published(decision: Decision) -> UniqueResult:
         error = verdict_error(task, planned, decision)
         if error is not None:
             raise error
@@ -541,7 +547,7 @@ def apply_unique(
             return stamp(publish(task_id))
         if not decision.verdict.publishes:
             return not_published(decision)
-        created: AsyncResult[Any] = stamp(
+        created = stamp(
             run_eagerly(app, rt, job_id, planned.header, lambda: publish(job_id, planned.header))
         )
         signals.emit_created(task, planned)
@@ -555,7 +561,7 @@ def apply_unique(
         return stamp(publish(task_id))
     given = options.pop("producer")
     gate = Gate(job_id, rt, planned.header, pending)
-    outcome: AsyncResult[Any] = publish_deciding(
+    outcome: UniqueResult = publish_deciding(
         app,
         gate,
         given,

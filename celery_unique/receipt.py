@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from typing import TypeVar
+import threading
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.result import AsyncResult
 
@@ -22,19 +23,81 @@ class DuplicateMatch(str, enum.Enum):
     WINDOW = "window"
 
 
-R = TypeVar("R", bound=AsyncResult)  # type: ignore[type-arg]
+if TYPE_CHECKING:
+    _Result = AsyncResult[Any]
+else:
+    # Subscriptable at run time only from Celery 5.7.
+    _Result = AsyncResult
+
+
+class UniqueResult(_Result):
+    """The result of a dispatch through a :class:`~celery_unique.UniqueTask`: a receipt.
+
+    It is the ``AsyncResult`` Celery would have returned (the app's own result
+    class, or an ``EagerResult`` for an eager run), with what the dispatch did:
+
+    * ``disposition``: :attr:`Disposition.CREATED` or :attr:`Disposition.REUSED`;
+    * ``duplicate``: ``disposition is Disposition.REUSED``;
+    * ``duplicate_match``: which key found the existing job (``None`` if created);
+    * ``policy_drift``: the existing job's key was written with other options;
+    * ``callbacks_dropped``: this dispatch's callbacks are not attached to the
+      job it was handed (an active-key match on a job queued without them).
+
+    Pickled (or sent to another process), it is the plain result again.
+    """
+
+    disposition: Disposition
+    duplicate: bool
+    duplicate_match: DuplicateMatch | None
+    policy_drift: bool
+    callbacks_dropped: bool
+    #: The result class this receipt class extends (set on each generated class).
+    _celery_class: ClassVar[type[AsyncResult[Any]]]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The generated classes are not importable: reduce as the plain result.
+        reduced = self._celery_class.__reduce__(self)
+        assert isinstance(reduced, tuple)
+        if reduced and reduced[0] is type(self):
+            return (self._celery_class, *reduced[1:])
+        return reduced
+
+
+_receipt_classes: dict[type[Any], type[UniqueResult]] = {}
+_receipt_classes_lock = threading.Lock()
+
+
+def _receipt_class(cls: type[Any]) -> type[UniqueResult]:
+    """``UniqueResult`` mixed into ``cls`` (an app-bound ``AsyncResult``, an ``EagerResult``)."""
+    found = _receipt_classes.get(cls)
+    if found is None:
+        with _receipt_classes_lock:
+            found = _receipt_classes.get(cls)
+            if found is None:
+                found = type(
+                    f"Unique{cls.__name__}",
+                    (UniqueResult, cls),
+                    {"__module__": __name__, "_celery_class": cls},
+                )
+                _receipt_classes[cls] = found
+    return found
 
 
 def stamp(
-    result: R,
+    result: AsyncResult[Any],
     disposition: Disposition = Disposition.CREATED,
     match: DuplicateMatch | None = None,
     *,
     policy_drift: bool = False,
-) -> R:
-    """Attach the receipt attributes; every dispatch through a UniqueTask gets them."""
-    result.disposition = disposition  # type: ignore[attr-defined]
-    result.duplicate = disposition is Disposition.REUSED  # type: ignore[attr-defined]
-    result.duplicate_match = match  # type: ignore[attr-defined]
-    result.policy_drift = policy_drift  # type: ignore[attr-defined]
+    callbacks_dropped: bool = False,
+) -> UniqueResult:
+    """Turn Celery's result into a receipt; every dispatch through a UniqueTask gets one."""
+    if not isinstance(result, UniqueResult):
+        result.__class__ = _receipt_class(type(result))
+    assert isinstance(result, UniqueResult)
+    result.disposition = disposition
+    result.duplicate = disposition is Disposition.REUSED
+    result.duplicate_match = match
+    result.policy_drift = policy_drift
+    result.callbacks_dropped = callbacks_dropped
     return result

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from celery import Task, chord, group
 from celery.canvas import Signature, _chain
@@ -14,21 +14,35 @@ from celery_unique.dispatch import apply_unique
 from celery_unique.explain import Explanation, explain
 from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
+from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
 
+if TYPE_CHECKING:
+    _Task = Task[Any, Any]
+    _MixinBase = _Task
+else:
+    # Subscriptable at run time only from Celery 5.7.
+    _Task = Task
+    # The mixin adds no base at run time, so it composes with any task class.
+    _MixinBase = object
 
-class UniqueTask(Task):  # type: ignore[type-arg]
-    """A task whose dispatches are deduplicated by the keys it declares or is given.
+#: How long an active key is held.
+UniqueWhile = Literal["queued", "active", "exists"]
 
-    With no uniqueness options it behaves exactly like a plain task (and its
-    results still carry the receipt attributes).
+
+class UniqueMixin(_MixinBase):
+    """Uniqueness for a task class of your own: ``class MyTask(UniqueMixin, Base)``.
+
+    Put it first among the bases, so that its ``apply_async`` decides before
+    the base class (Celery's ``DjangoTask``, a project's ``task_cls``) publishes;
+    the base's own ``apply_async`` is what finally sends the message.
     """
 
     #: Active-type key: a literal, a selector ``(view) -> str`` or ``Payload(...)``.
     unique_key: Any = None
     #: How long the active key is held: "queued", "active" or "exists".
-    unique_while: str = "queued"
+    unique_while: UniqueWhile = "queued"
     #: For "exists": how long the key outlives the job (default: ``result_expires``).
     unique_retention: Any = None
     #: Window key: a literal, a selector or ``Payload(...)``.
@@ -42,8 +56,6 @@ class UniqueTask(Task):  # type: ignore[type-arg]
 
     __unique__: ClassVar[Declaration]
 
-    #: Follows what becomes of each message, to release keys at the right time.
-    Request = "celery_unique.worker.fates:UniqueRequest"
     #: Marks its key before its body runs (see :mod:`celery_unique.worker.runs`).
     _marks_runs: ClassVar[bool] = True
 
@@ -80,13 +92,23 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         link_error: Any = None,
         shadow: str | None = None,
         **options: Any,
-    ) -> AsyncResult[Any]:
+    ) -> UniqueResult:
+        """Celery's ``apply_async``, deduplicated: publishes a new job or hands back the holder.
+
+        Takes the ``unique_*`` options per dispatch too (see the declaration
+        attributes); returns the receipt either way.
+        """
+
         def send(args: Any, kwargs: Any, **opts: Any) -> AsyncResult[Any]:
-            return super(UniqueTask, self).apply_async(args, kwargs, shadow=shadow, **opts)
+            return super(UniqueMixin, self).apply_async(args, kwargs, shadow=shadow, **opts)
 
         return apply_unique(
             self, send, args, kwargs, task_id, link, link_error, options, producer=producer
         )
+
+    def delay(self, *args: Any, **kwargs: Any) -> UniqueResult:
+        """``apply_async(args, kwargs)``: a dispatch, deduplicated; returns its receipt."""
+        return self.apply_async(args, kwargs)
 
     def on_replace(self, sig: Any) -> Any:
         """Hand the job's keys to the replacement, which carries the job on under its id.
@@ -130,7 +152,7 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         """Run eagerly, with the same uniqueness as a dispatch (``.apply()``, eager mode)."""
 
         def run(args: Any, kwargs: Any, **opts: Any) -> Any:
-            return super(UniqueTask, self).apply(args, kwargs, **opts)
+            return super(UniqueMixin, self).apply(args, kwargs, **opts)
 
         options.update(retries=retries, throw=throw, logfile=logfile, loglevel=loglevel)
         if headers is not None:
@@ -138,6 +160,20 @@ class UniqueTask(Task):  # type: ignore[type-arg]
         return apply_unique(
             self, run, args, kwargs, task_id, link, link_error, options, publishes=False
         )
+
+
+UniqueMixin.__unique__ = Declaration()
+
+
+class UniqueTask(UniqueMixin, _Task):
+    """A task whose dispatches are deduplicated by the keys it declares or is given.
+
+    With no uniqueness options it behaves exactly like a plain task (and its
+    results are still receipts: :class:`~celery_unique.UniqueResult`).
+    """
+
+    #: Follows what becomes of each message, to release keys at the right time.
+    Request = "celery_unique.worker.fates:UniqueRequest"
 
 
 UniqueTask.__unique__ = Declaration()
