@@ -12,6 +12,10 @@ configuration and ``--no-color``/``--quiet`` come from ``celery`` itself::
     celery -A proj unique explain TASK_NAME [--args JSON] [--kwargs JSON] [--options JSON] [--json]
 
 Every command acts on the app's namespace (``unique_namespace``) only.
+
+:func:`run` runs the same group inside another program, on an app that
+program already has: the Django app's ``manage.py celery_unique`` does, so
+its options are these and cannot drift from them.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
-from celery.bin.base import CeleryCommand, CeleryOption, handle_preload_options
+from celery import Celery
+from celery.bin.base import CeleryCommand, CeleryOption, CLIContext, handle_preload_options
 
 from celery_unique import keyspace, operations
 from celery_unique.config import runtime
 from celery_unique.exceptions import UniquenessError
 from celery_unique.explain import explain_dispatch
 from celery_unique.operations import KeyInfo, format_ms
+from celery_unique.stores.base import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -307,6 +313,19 @@ def stats(ctx: click.Context, as_json: bool) -> None:
                 ],
             )
         )
+    details = _store_details(_app(ctx))
+    if details:
+        ctx.obj.echo("\n".join(f"{name}: {value}" for name, value in details.items()))
+
+
+def _store_details(app: Any) -> dict[str, object]:
+    """What the store says about itself beyond the counts (the Django store: its database)."""
+    store = runtime(app).store
+    # The default Store.stats scans every key to count them, which operations.stats has just
+    # done, and adds nothing: only a store that overrides it has details of its own.
+    if type(store).stats is Store.stats:
+        return {}
+    return store.stats().extra
 
 
 def _json_option(value: str | None, what: str, kind: type) -> Any:
@@ -369,3 +388,44 @@ def explain(
         _echo_json(ctx, explanation.as_dict())
     else:
         ctx.obj.echo(str(explanation))
+
+
+class _EmbeddedContext(CLIContext):
+    """The commands' context object when another program runs them: its app, its output."""
+
+    def __init__(self, app: Celery, write: Callable[[str], None], *, no_color: bool) -> None:
+        super().__init__(app, no_color=no_color, workdir=None)
+        self._write = write
+
+    def echo(self, message: Any = None, **kwargs: Any) -> None:
+        self._write("" if message is None else str(message))
+
+
+def run(
+    app: Celery,
+    args: Sequence[str],
+    *,
+    prog_name: str,
+    write: Callable[[str], None],
+    no_color: bool = False,
+) -> int:
+    """Run ``celery -A app unique ARGS`` in this process and return its exit status.
+
+    ``args`` are parsed by the very commands ``celery unique`` has; what they print goes
+    to ``write``, one call per message, without its final newline. ``--help`` and a
+    confirmation prompt use standard output, as in ``celery``; help returns 0. Errors are
+    raised, not printed: :class:`click.ClickException` (bad usage, or an operator error,
+    with the message and exit status ``celery`` would show) and :class:`click.Abort` (a
+    release that was not confirmed).
+    """
+    context = _EmbeddedContext(app, write, no_color=no_color)
+    status = unique.main(
+        args=list(args),
+        prog_name=prog_name,
+        standalone_mode=False,
+        obj=context,
+        color=False if no_color else None,
+    )
+    # A command that finishes returns None; one that calls ctx.exit() (--help, or explain
+    # --json reporting a failed dispatch) returns the status it exits with.
+    return status if isinstance(status, int) else 0

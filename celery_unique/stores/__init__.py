@@ -19,7 +19,7 @@ STORES: dict[str, str] = {
     "rediss+sentinel": "celery_unique.stores.redis:RedisStore.from_url",
     "sqlite": "celery_unique.stores.sqlite:SQLiteStore.from_url",
     "memory": "celery_unique.stores.memory:MemoryStore.from_url",
-    "django": "django_integration.store:DjangoStore.from_url",
+    "django": "celery_unique_django.store:DjangoStore.from_url",
 }
 
 

@@ -14,7 +14,7 @@ from django.test import Client, override_settings
 
 from celery_unique import Disposition
 from celery_unique.config import reset, runtime
-from django_integration.models import UniqueKey
+from celery_unique_django.models import UniqueKey
 from tests.django.example.shop.tasks import charge, recalculate_totals
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from io import StringIO
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,8 +19,8 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from celery_unique import config
-from django_integration import checks
-from django_integration.conf import celery_app
+from celery_unique_django import checks
+from celery_unique_django.conf import celery_app
 
 UNREACHABLE_REDIS = "redis://127.0.0.1:1/0"
 
@@ -94,7 +96,7 @@ NOT_INSTALLED = textwrap.dedent(
         except ImproperlyConfigured as exc:
             print(stage, exc)
         django.setup()
-    import django_integration.on_commit  # the project uses it without installing the app
+    import celery_unique_django.on_commit  # the project uses it without installing the app
     try:
         call_command("check")
     except SystemCheckError as exc:
@@ -113,7 +115,7 @@ def test_django_store_without_the_app_installed() -> None:
     assert before.startswith("before setup")
     assert "django.setup()" in before
     assert after.startswith("after setup")
-    assert "'django_integration' is not in INSTALLED_APPS" in after
+    assert "'celery_unique_django' is not in INSTALLED_APPS" in after
     assert "(celery_unique.E003)" in "\n".join(check)
 
 
@@ -168,3 +170,21 @@ def test_deploy_check_pings_the_store(fail_open: bool, expected: str) -> None:
 def test_deploy_check_passes_on_a_reachable_store() -> None:
     """The example's Django store answers the deploy check's ping."""
     assert checks.check_store_reachable() == []
+
+
+def test_every_check_id_is_documented() -> None:
+    """docs/django.md lists every id the app can report, and no id it cannot."""
+    app = Path(checks.__file__).parent
+    pattern = re.compile(r"celery_unique\.[EW]\d{3}")
+    reported = {
+        found
+        for module in ("checks.py", "store.py")
+        for found in pattern.findall((app / module).read_text())
+    }
+    page = (Path(__file__).resolve().parents[2] / "docs" / "django.md").read_text()
+    table = page.split("## System checks", 1)[1].split("\n## ", 1)[0]
+    documented = set(pattern.findall(table)) | {
+        f"celery_unique.{short}" for short in re.findall(r"/ `([EW]\d{3})`", table)
+    }
+    assert reported
+    assert documented == reported

@@ -11,8 +11,8 @@ from django.db import connection, connections, transaction
 
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores.base import ActiveClaim, Claim, Scope, Verdict, WindowClaim
-from django_integration.models import UniqueKey
-from django_integration.store import DjangoStore
+from celery_unique_django.models import UniqueKey
+from celery_unique_django.store import DjangoStore
 from tests.django.conftest import require_database
 
 A = "unique:v1:{t}:a:t\x1fa"

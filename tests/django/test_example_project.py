@@ -10,8 +10,8 @@ from django.test import override_settings
 
 from celery_unique import Disposition, DuplicateMatch
 from celery_unique.config import reset, runtime
-from django_integration.models import UniqueKey
-from django_integration.store import DjangoStore
+from celery_unique_django.models import UniqueKey
+from celery_unique_django.store import DjangoStore
 from tests.django.conftest import require_database
 from tests.django.example.shop.tasks import charge, recalculate_totals, send_receipt
 

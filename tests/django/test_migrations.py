@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-import django_integration
+import celery_unique_django
 
-MIGRATIONS = Path(django_integration.__file__).parent / "migrations"
+MIGRATIONS = Path(celery_unique_django.__file__).parent / "migrations"
 
 #: A host project unlike the example: other DEFAULT_AUTO_FIELD, no admin, no time zones.
 FOREIGN_HOST = textwrap.dedent(
@@ -22,7 +22,11 @@ FOREIGN_HOST = textwrap.dedent(
     from django.core.management import call_command
 
     settings.configure(
-        INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "django_integration"],
+        INSTALLED_APPS=[
+            "django.contrib.contenttypes",
+            "django.contrib.auth",
+            "celery_unique_django",
+        ],
         DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
         DEFAULT_AUTO_FIELD="django.db.models.AutoField",
         USE_TZ=False,

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from celery_unique import Disposition, UniquenessConflict
 from celery_unique.config import runtime
-from django_integration.on_commit import OnCommitDispatch, dispatch_on_commit
+from celery_unique_django.on_commit import OnCommitDispatch, dispatch_on_commit
 from tests.django.example.shop.models import Order
 from tests.django.example.shop.tasks import charge, recalculate_totals, send_receipt
 

@@ -31,7 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_integration",
+    "celery_unique_django",
     "tests.django.example.shop",
 ]
 MIDDLEWARE = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from celery_unique import Payload, UniqueTask
-from django_integration.task import UniqueDjangoTask
+from celery_unique_django.task import UniqueDjangoTask
 from tests.django.example.celery import app
 
 

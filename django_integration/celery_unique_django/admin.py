@@ -47,9 +47,9 @@ from celery_unique.config import runtime
 from celery_unique.exceptions import UniquenessError
 from celery_unique.operations import KeyInfo, format_ms
 from celery_unique.stores.base import KeyKind
-from django_integration.conf import celery_app
-from django_integration.models import DatabaseNowMs, StoreKey, UniqueKey
-from django_integration.store import DjangoStore
+from celery_unique_django.conf import celery_app
+from celery_unique_django.models import DatabaseNowMs, StoreKey, UniqueKey
+from celery_unique_django.store import DjangoStore
 
 RELEASE_PERMISSION = "release_key"
 #: Keys longer than this are shortened in lists (a payload key is 64 hex digits).

@@ -17,6 +17,7 @@ celery_unique.E006  ``unique_lease`` is not a duration
 celery_unique.E007  ``unique_namespace`` is not a usable name
 celery_unique.E008  ``CELERY_UNIQUE_APP`` does not name a Celery app
 celery_unique.E009  the store's client library is not installed
+celery_unique.E010  the Django store is opened before django.setup()
 celery_unique.E011  database routers keep the store's table off its database
 celery_unique.E012  (deploy) the store cannot be reached, fail-closed
 celery_unique.W001  ``CELERY_UNIQUE_*`` settings the Celery app does not see
@@ -25,7 +26,7 @@ celery_unique.W012  (deploy) the store cannot be reached, fail-open
 ==================  =============================================================
 
 The checks are registered when Django loads the app, and also whenever
-``django_integration`` code is imported (for E003, which can only fire when
+``celery_unique_django`` code is imported (for E003, which can only fire when
 the app is missing from INSTALLED_APPS).
 """
 
@@ -42,7 +43,7 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from celery_unique.exceptions import UniquenessError
 from celery_unique.stores import STORES
-from django_integration.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
+from celery_unique_django.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
 
 TAG = "celery_unique"
 
@@ -182,13 +183,13 @@ def _backend(app: Celery) -> list[CheckMessage]:
 def _django_store(url: str) -> list[CheckMessage]:
     from django.db import router
 
-    from django_integration.store import alias_of, misconfiguration
+    from celery_unique_django.store import alias_of, misconfiguration
 
     alias = alias_of(url)
     problem = misconfiguration(alias)
     if problem is not None:
         return [Error(problem.msg, hint=problem.hint, id=problem.id)]
-    from django_integration.models import UniqueKey
+    from celery_unique_django.models import UniqueKey
 
     if not router.allow_migrate_model(alias, UniqueKey):
         return [

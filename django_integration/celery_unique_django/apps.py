@@ -1,4 +1,4 @@
-"""The Django app: ``INSTALLED_APPS = [..., "django_integration"]``."""
+"""The Django app: ``INSTALLED_APPS = [..., "celery_unique_django"]``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from django.apps import AppConfig
 
 
 class CeleryUniqueConfig(AppConfig):
-    name = "django_integration"
+    name = "celery_unique_django"
     #: Tables, permissions and migrations live under this label: ``migrate celery_unique``.
     label = "celery_unique"
     verbose_name = "Celery unique"
@@ -14,4 +14,4 @@ class CeleryUniqueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_integration import checks  # noqa: F401  (registers the system checks)
+        from celery_unique_django import checks  # noqa: F401  (registers the system checks)

@@ -7,7 +7,7 @@ fixes both; with celery-unique the *whole* dispatch is deferred, including the
 uniqueness decision, so a rolled-back transaction publishes nothing and holds
 no key::
 
-    from django_integration.on_commit import dispatch_on_commit
+    from celery_unique_django.on_commit import dispatch_on_commit
 
     with transaction.atomic():
         order = Order.objects.create(...)
@@ -16,7 +16,7 @@ no key::
 
 Outside a transaction the dispatch happens immediately (Django's
 ``on_commit`` semantics). Tasks built on
-:class:`django_integration.task.UniqueDjangoTask` also have
+:class:`celery_unique_django.task.UniqueDjangoTask` also have
 ``delay_on_commit`` / ``apply_async_on_commit`` returning the same handle.
 """
 
@@ -31,7 +31,7 @@ from celery.canvas import Signature
 from celery.result import AsyncResult
 from django.db import transaction
 
-import django_integration.checks  # noqa: F401  (system checks, even without INSTALLED_APPS)
+import celery_unique_django.checks  # noqa: F401  (system checks, even without INSTALLED_APPS)
 
 
 class OnCommitDispatch:

@@ -3,7 +3,7 @@
 Celery (5.4+) gives Django projects ``delay_on_commit`` on its default task
 class; a task declared with ``base=UniqueTask`` does not inherit it. This
 class brings the same two methods back, returning an
-:class:`~django_integration.on_commit.OnCommitDispatch` instead of ``None``::
+:class:`~celery_unique_django.on_commit.OnCommitDispatch` instead of ``None``::
 
     @app.task(base=UniqueDjangoTask, unique_key=lambda job: f"order:{job.order_id}")
     def send_receipt(order_id): ...
@@ -13,7 +13,7 @@ class brings the same two methods back, returning an
         pending = send_receipt.delay_on_commit(order.id)
 
 Use it for every task of an app with ``Celery(..., task_cls=
-"django_integration.task:UniqueDjangoTask")``.
+"celery_unique_django.task:UniqueDjangoTask")``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import functools
 from typing import Any
 
 from celery_unique import UniqueTask
-from django_integration.on_commit import OnCommitDispatch, defer
+from celery_unique_django.on_commit import OnCommitDispatch, defer
 
 
 class UniqueDjangoTask(UniqueTask):

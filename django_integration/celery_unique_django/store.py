@@ -36,9 +36,9 @@ Which connection
     transaction never holds key locks. On SQLite a second connection would wait
     for the caller's own write lock, so the store uses the thread's connection:
     inside ``atomic()`` its writes commit with the caller's transaction (prefer
-    :func:`django_integration.on_commit.dispatch_on_commit` there).
+    :func:`celery_unique_django.on_commit.dispatch_on_commit` there).
 
-Time is the database server's clock (:class:`~django_integration.models.DatabaseNowMs`).
+Time is the database server's clock (:class:`~celery_unique_django.models.DatabaseNowMs`).
 """
 
 from __future__ import annotations
@@ -73,13 +73,13 @@ from celery_unique.stores.base import (
 if TYPE_CHECKING:
     # Imported where used: defining a model needs Django's app registry, and
     # from_url() must first be able to say what is missing.
-    from django_integration.models import UniqueKey
+    from celery_unique_django.models import UniqueKey
 
 logger = logging.getLogger("celery_unique")
 
 T = TypeVar("T")
 
-APP_NAME = "django_integration"
+APP_NAME = "celery_unique_django"
 VENDORS = ("postgresql", "mysql", "sqlite")
 #: Attempts of one operation: deadlock victims and serialization failures are retried.
 _ATTEMPTS = 8
@@ -302,7 +302,7 @@ class DjangoStore(_records.RecordStore):
         return not usable
 
     def _explain(self, exc: Error) -> str:
-        from django_integration.models import UniqueKey
+        from celery_unique_django.models import UniqueKey
 
         message = f"Django store on database {self.alias!r} failed: {exc}"
         table = UniqueKey._meta.db_table
@@ -314,13 +314,13 @@ class DjangoStore(_records.RecordStore):
 
     @staticmethod
     def _rows(db: str) -> QuerySet[UniqueKey]:
-        from django_integration.models import UniqueKey
+        from celery_unique_django.models import UniqueKey
 
         return UniqueKey.objects.using(db)
 
     def _lock(self, db: str, keys: Sequence[str]) -> tuple[dict[str, UniqueKey], int]:
         """Lock a row for every key (a placeholder where none exists); the rows and the clock."""
-        from django_integration.models import DatabaseNowMs, UniqueKey, key_hash
+        from celery_unique_django.models import DatabaseNowMs, UniqueKey, key_hash
 
         by_hash = dict(sorted({key_hash(key): key for key in keys}.items()))
         features = connections[db].features
@@ -348,7 +348,7 @@ class DjangoStore(_records.RecordStore):
         return rows, now
 
     def _save(self, db: str, rows: dict[str, UniqueKey], writes: _records.Writes, now: int) -> None:
-        from django_integration.models import RECORD_FIELDS
+        from celery_unique_django.models import RECORD_FIELDS
 
         updates: list[UniqueKey] = []
         deletes: list[int] = []
@@ -420,7 +420,7 @@ class DjangoStore(_records.RecordStore):
         return self._run(work, atomic=True) if changes else []
 
     def get(self, key: str) -> HeldKey | None:
-        from django_integration.models import DatabaseNowMs, key_hash
+        from celery_unique_django.models import DatabaseNowMs, key_hash
 
         def work(db: str) -> UniqueKey | None:
             found = self._rows(db).filter(key_hash=key_hash(key))
@@ -449,7 +449,7 @@ class DjangoStore(_records.RecordStore):
             after = page[-1].pk
 
     def _page(self, db: str, *, kind: KeyKind | None, prefix: str, after: int) -> list[UniqueKey]:
-        from django_integration.models import DatabaseNowMs, alive
+        from celery_unique_django.models import DatabaseNowMs, alive
 
         rows = self._rows(db).filter(alive(), pk__gt=after)
         if kind is not None:
@@ -459,7 +459,7 @@ class DjangoStore(_records.RecordStore):
         return list(rows.annotate(db_now=DatabaseNowMs()).order_by("pk")[:_SLICE])
 
     def stats(self) -> StoreStats:
-        from django_integration.models import DatabaseNowMs, alive
+        from celery_unique_django.models import DatabaseNowMs, alive
 
         def work(db: str) -> dict[str, Any]:
             return self._rows(db).aggregate(
@@ -496,7 +496,7 @@ class DjangoStore(_records.RecordStore):
 
     def sweep(self, limit: int = _SWEEP_LIMIT) -> int:
         """Delete up to ``limit`` expired rows that no transaction holds; return how many."""
-        from django_integration.models import DatabaseNowMs
+        from celery_unique_django.models import DatabaseNowMs
 
         def work(db: str) -> int:
             expired = self._rows(db).filter(expires_at__lte=DatabaseNowMs()).order_by("key_hash")
