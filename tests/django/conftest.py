@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
 from tests.conftest import in_ci, require_service
 from tests.django import project
@@ -66,3 +66,16 @@ def example_app() -> Iterator[Celery]:
     app.loader.import_default_modules()
     yield app
     config.reset(app)
+
+
+@pytest.fixture
+def published(example_app: Celery) -> Iterator[list[str]]:
+    """Ids of the jobs published during the test, in order."""
+    sent: list[str] = []
+
+    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        sent.append((headers or {}).get("id", "?"))
+
+    signals.before_task_publish.connect(record, weak=False)
+    yield sent
+    signals.before_task_publish.disconnect(record)

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from celery import Celery, signals
+from celery import Celery
 from django.db import transaction
 
 from celery_unique import Disposition, UniquenessConflict
@@ -17,19 +15,6 @@ from tests.django.example.shop.models import Order
 from tests.django.example.shop.tasks import charge, recalculate_totals, send_receipt
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def published(example_app: Celery) -> Iterator[list[str]]:
-    """Ids of the jobs published during the test, in order."""
-    sent: list[str] = []
-
-    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        sent.append((headers or {}).get("id", "?"))
-
-    signals.before_task_publish.connect(record, weak=False)
-    yield sent
-    signals.before_task_publish.disconnect(record)
 
 
 def held(app: Celery) -> list[tuple[str, str]]:

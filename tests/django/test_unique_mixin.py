@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
-from celery import Celery, signals
+from celery import Celery
 from django.db import transaction
 
 from celery_unique import UniqueMixin
@@ -19,18 +16,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 class UniqueCeleryDjangoTask(UniqueMixin, DjangoTask):  # type: ignore[misc,valid-type]
     abstract = True
-
-
-@pytest.fixture
-def published(example_app: Celery) -> Iterator[list[str]]:
-    sent: list[str] = []
-
-    def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        sent.append((headers or {}).get("id", "?"))
-
-    signals.before_task_publish.connect(record, weak=False)
-    yield sent
-    signals.before_task_publish.disconnect(record)
 
 
 def test_delay_on_commit_of_a_mixed_in_task_makes_one_job(
