@@ -7,8 +7,10 @@ key/value layout are documented in the ``.lua`` files themselves.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.resources
+import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,8 @@ _US = "\x1f"
 #: How release.lua spells the keeps that release nothing.
 _SPECIAL_KEEPS = {GOES_ON: "-", RUNNING: "+"}
 _RS = "\x1e"
+
+logger = logging.getLogger("celery_unique")
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
@@ -154,13 +158,42 @@ class RedisStore(Store):
             return cls(sentinel(url, options))
         return cls(redis.Redis.from_url(url, health_check_interval=30, **options))
 
-    def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+    @contextlib.contextmanager
+    def _commands(self) -> Iterator[None]:
+        """Run redis-py commands: an outage becomes :class:`BackendUnavailable`; an
+        exception raised into a command drops the connection that may carry its reply.
+
+        A soft time limit, a timeout of gevent's or a signal handler can raise
+        between the moment redis-py sent a command and the moment it reads the
+        reply. redis-py then puts the connection back in its pool with the reply
+        still unread, and the next command on it reads that reply as its own (a
+        ``SCRIPT LOAD``'s digest taken for the job holding a key, say), and every
+        command after it is one reply behind.
+        """
         try:
-            return self._scripts[name](keys=list(keys), args=list(args))
-        except Exception as exc:
+            yield
+        except self._redis.RedisError as exc:
             if is_outage(exc):
                 raise unavailable(exc) from exc
             raise
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self._drop_idle_connections()
+            raise
+
+    def _drop_idle_connections(self) -> None:
+        try:
+            if self._pool is not None:
+                self._pool.disconnect(inuse_connections=False)
+            else:
+                self.client.disconnect_connection_pools()  # type: ignore[union-attr]
+        except Exception:  # pragma: no cover - closing sockets that are already broken
+            logger.debug("could not drop the store's idle connections", exc_info=True)
+
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[str | int]) -> Any:
+        with self._commands():
+            return self._scripts[name](keys=list(keys), args=list(args))
 
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         return self.send_decide(claims, all_or_nothing=all_or_nothing).wait()
@@ -275,11 +308,10 @@ class RedisStore(Store):
         identity: tuple[str, ...] | None = getattr(error, "_connection", None)
         if identity is not None:
             try:
-                self.client.execute_command("CLIENT", "KILL", *identity)  # type: ignore[no-untyped-call]
-            except Exception as exc:
-                if is_outage(exc):
-                    raise unavailable(exc) from exc
-                # "No such client": it is gone already, and its input with it.
+                with self._commands():
+                    self.client.execute_command("CLIENT", "KILL", *identity)  # type: ignore[no-untyped-call]
+            except self._redis.ResponseError:
+                pass  # "No such client": it is gone already, and its input with it.
         self.rollback_many(claims)
         return identity is not None
 
@@ -299,40 +331,27 @@ class RedisStore(Store):
         return int(self._call("renew", keys, [lease_ms, *(job_id for job_id, _ in holds)]))
 
     def get(self, key: str) -> HeldKey | None:
-        try:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.get(key)
-                pipe.pttl(key)
-                value, ttl = pipe.execute()
-        except Exception as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
+        with self._commands(), self.client.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            value, ttl = pipe.execute()
         return None if value is None else _held(key, value, ttl)
 
     def scan(self, *, kind: KeyKind | None = None, prefix: str = "") -> Iterator[HeldKey]:
         pattern = prefix.translate(_GLOB_SPECIAL) + "*"
-        try:
+        with self._commands():
             for raw in self.client.scan_iter(match=pattern, count=1000):
                 key = raw.decode()
                 held = self.get(key)
                 if held is not None and kind in (None, held.kind):
                     yield held
-        except Exception as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
         return bool(self._call("forget", [key], [job_id or ""]))
 
     def ping(self) -> None:
-        try:
+        with self._commands():
             self.client.ping()
-        except Exception as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
 
     def close(self) -> None:
         if self._lanes is not None:

@@ -12,11 +12,14 @@ import multiprocessing
 import threading
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
+import redis
 
-from celery_unique.stores.base import ActiveClaim, Claim, Scope, Verdict
+from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Verdict
 from celery_unique.stores.redis import RedisStore
 
 pytestmark = pytest.mark.redis
@@ -140,3 +143,46 @@ def test_green_threads_decide_through_the_pool(
         assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, first.job_id)
     finally:
         green.close()
+
+
+class Interrupted(Exception):
+    """What a soft time limit raises into a pool child, wherever it is."""
+
+
+@pytest.mark.parametrize("where", ["script", "get"])
+def test_a_command_interrupted_before_its_reply_leaves_no_reply_behind(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Interrupted after the send, before the read: the next command reads its own reply.
+
+    redis-py puts such a connection back in its pool with the reply unread; a
+    worker's next start of a run then took that reply for the job holding the
+    key, and called a job that never ran a stale copy.
+    """
+    namespace = f"conn-{uuid.uuid4().hex[:8]}"
+    held, free = (storage_key(namespace, ACTIVE, "conn.task", name) for name in ("held", "free"))
+
+    def start(job: str, key: str) -> str | None:
+        return store.start_run(job, key, RunStart(uuid.uuid4().hex, Scope.ACTIVE, "", 60_000))
+
+    assert start("the-holder", held) is None
+    # Scripts read their reply through the client, get() through a pipeline.
+    owner = store.client if where == "script" else redis.client.Pipeline
+    original = owner.parse_response
+    struck = False
+
+    def interrupted_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal struck
+        if not struck:
+            struck = True
+            raise Interrupted("the soft time limit struck")
+        return original(*args, **kwargs)
+
+    # The server answers "the-holder", or the record and its TTL: unread.
+    command = partial(start, "another-job", held) if where == "script" else partial(store.get, held)
+    monkeypatch.setattr(owner, "parse_response", interrupted_once)
+    with pytest.raises(Interrupted):
+        command()
+    monkeypatch.undo()
+    assert start("mine", free) is None
+    assert start("yet-another", held) == "the-holder"
