@@ -100,9 +100,10 @@ class Cleanup(threading.Thread):
         self._condition = threading.Condition()
         self._failing = False
 
-    def owe(self, item: Owed) -> None:
+    def owe(self, *items: Owed) -> None:
+        """Owe ``items``, together: the thread sees all of them or none yet."""
         with self._condition:
-            self._owed.append(item)
+            self._owed.extend(items)
             self._condition.notify_all()
 
     def pending(self) -> int:
@@ -329,19 +330,29 @@ def release(
     on_released: Callable[[bool], None] | None = None,
     after_exit_of: int | None = None,
     after: Callable[[], bool | None] | None = None,
+    first: Release | None = None,
 ) -> None:
     """Send ``hold``'s release soon: once process ``after_exit_of`` is gone and ``after``
-    says so (``None`` from it cancels the release), when given."""
-    _thread().owe(
-        Owed(
-            store=store,
-            what=_describe(hold),
-            deadline=deadline_after(within_s),
-            release=hold,
-            on_released=on_released,
-            after_exit_of=after_exit_of,
-            after=after,
-        )
+    says so (``None`` from it cancels the release), when given.
+
+    ``first``: a write sent ahead of it, whatever ``after`` says (the end of the
+    run, which holds even if the release never goes); owed at the same moment,
+    so that both usually travel in one round trip.
+    """
+    deadline = deadline_after(within_s)
+    items = [] if first is None else [_owed_release(store, first, deadline, after_exit_of)]
+    release = _owed_release(store, hold, deadline, after_exit_of)
+    release.on_released, release.after = on_released, after
+    _thread().owe(*items, release)
+
+
+def _owed_release(store: Store, hold: Release, deadline: float, after_exit_of: int | None) -> Owed:
+    return Owed(
+        store=store,
+        what=_describe(hold),
+        deadline=deadline,
+        release=hold,
+        after_exit_of=after_exit_of,
     )
 
 

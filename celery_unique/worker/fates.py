@@ -184,8 +184,14 @@ class Fate:
         hold = release_at(self.job_id, self.header, finished=finished)
         if hold is None:
             return
+        # The end of the run goes first, and goes even if the release never does
+        # (an acknowledgement that failed): a copy of the message the broker
+        # delivers again must not find the key marked by a run that is over.
+        ended = None
         if finished and self.ran:
             hold = hold._replace(run=self.run)
+            if self.run is not None:
+                ended = Release(self.job_id, hold.key, GOES_ON, self.run)
         app, job_id = self.app, self.job_id
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
@@ -202,6 +208,7 @@ class Fate:
             on_released=released,
             after_exit_of=self.pool_child if finished else None,
             after=(lambda: forgotten(message)) if message is not None else None,
+            first=ended,
         )
 
 

@@ -1,0 +1,55 @@
+"""What a worker's main process writes when a message's fate is not what Celery believed.
+
+Pure unit tests of :class:`celery_unique.worker.fates.Fate` on the memory store;
+the real worker paths are in ``tests/paths`` and ``tests/history``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from celery import Celery
+
+from celery_unique import cleanup
+from celery_unique.config import runtime
+from celery_unique.headers import VERSION, KeyHeader
+from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Verdict
+from celery_unique.worker.fates import Fate, Settled
+from tests.polling import eventually
+
+
+class Message:
+    """A kombu message as far as a fate looks at it: its acknowledgement state."""
+
+    def __init__(self, state: str) -> None:
+        self._state = state
+
+
+def test_a_copy_dropped_unrun_after_an_acknowledgement_that_failed_frees_the_key(
+    app: Celery,
+) -> None:
+    """Run 1 ends; its ack fails (the broker was away), so its release never goes;
+    the broker delivers the message again, revoked meanwhile: dropped unrun. The
+    key must be free then, not held by the ended run's mark until the lease."""
+    store = runtime(app).store
+    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", "k")
+    claim = Claim(job, "fates.task", ActiveClaim(key, Scope.ACTIVE, 60_000))
+    assert store.decide([claim])[0].verdict is Verdict.CREATED
+    header: KeyHeader = {"v": VERSION, "a": key, "s": Scope.ACTIVE.value}
+
+    first_run = uuid.uuid4().hex
+    assert (
+        store.start_run(job, key, RunStart(first_run, Scope.ACTIVE, "fates.task", 60_000)) is None
+    )
+    first = Fate(app, job, header, Message("RECEIVED"), run=first_run)
+    first.started()
+    first.run_ended(pid=None, cut_short=False, continued=False)
+    first.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it never happened
+
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)  # revoked: acknowledged without running
+    try:
+        eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+    finally:
+        cleanup.discard(store)  # the first release, which waits for an ack that never came
