@@ -19,11 +19,19 @@ header; the worker only reads them back.
 
 from __future__ import annotations
 
+import logging
+import weakref
+from collections.abc import Callable
+from typing import Any
+
 from celery import Celery, signals
 
 from celery_unique import cleanup
+from celery_unique.config import runtime
 from celery_unique.worker import dropped, leases, runs
 from celery_unique.worker.step import FollowFates
+
+logger = logging.getLogger("celery_unique")
 
 #: How long a stopping worker waits for releases still owed to the store.
 SHUTDOWN_FLUSH_S = 10.0
@@ -31,6 +39,26 @@ SHUTDOWN_FLUSH_S = 10.0
 
 def _on_worker_shutdown(**_: object) -> None:
     cleanup.flush(SHUTDOWN_FLUSH_S)
+
+
+def _prepared(app: Celery) -> Callable[..., None]:
+    held = weakref.ref(app)  # the receiver stays connected; the app may go
+
+    def prepare(sender: Any = None, **_: object) -> None:
+        current = held()
+        # Build the store in the main process before the pool forks, so that
+        # every pool child inherits its client library imported: importing
+        # redis-py takes a second or more on a busy machine, time the first job
+        # of each child would otherwise spend before its body starts (past a
+        # short time limit, even).
+        if current is None or id(getattr(sender, "app", None)) != id(current):
+            return
+        try:
+            runtime(current).store  # noqa: B018 - built for its side effect
+        except Exception:
+            logger.exception("celery-unique: the uniqueness store could not be set up")
+
+    return prepare
 
 
 def install(app: Celery) -> None:
@@ -42,4 +70,7 @@ def install(app: Celery) -> None:
     runs.connect()
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
+    )
+    signals.worker_init.connect(
+        _prepared(app), weak=False, dispatch_uid=f"celery_unique.worker.prepare.{id(app)}"
     )
