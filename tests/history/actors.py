@@ -17,13 +17,16 @@ reads the run's :class:`Spec` from ``CHAOS_SPEC`` and calls :func:`build`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
+import signal
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,12 @@ class Recorder:
         self._fd: int | None = None
         self._pid = 0
         self._lock = threading.Lock()
+        # A pool child forked while another thread of the worker wrote would
+        # inherit the lock held, for good.
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
 
     def __call__(self, event: str, **fields: Any) -> None:
         line = (json.dumps({"e": event, **fields}) + "\n").encode()
@@ -128,6 +137,18 @@ def watch_settling(record: Recorder, proc: str) -> None:
     threading.Thread(target=loop, name="chaos-settling", daemon=True).start()
 
 
+@contextlib.contextmanager
+def soft_limit_deferred() -> Iterator[None]:
+    """Hold back the soft time limit (billiard's SIGUSR1 in the pool child) while
+    the history is written: it strikes right after, never between a record and
+    the state it records."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def build(spec: Spec, *, role: str) -> Celery:
     """The app, for a worker (``role="worker"``) or a producer."""
     from celery_unique import UniqueTask
@@ -165,13 +186,18 @@ def build(spec: Spec, *, role: str) -> Celery:
         **spec.settings,
     )
 
+    #: This pool child's latest run of each job (for errors Celery reports without the request).
+    runs_here: dict[str, int] = {}
+
     def body(task: Any, key: str | None, mode: str, hold_ms: int) -> None:
         """Record the run, play the mode, record how it ended."""
         job = task.request.id
-        task.request.chaos_ran = True
-        run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
         limits = {"limit_s": HARD_LIMIT_S} if mode in ("soft_limit", "hard_limit") else {}
-        record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
+        with soft_limit_deferred():
+            run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
+            record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
+            task.request.chaos_ran, task.request.chaos_run = True, run
+            runs_here[job] = run
         outcome = "ok"
         try:
             time.sleep(hold_ms / 1000)
@@ -215,11 +241,12 @@ def build(spec: Spec, *, role: str) -> Celery:
             outcome = "fail"
             raise
         finally:
-            record("end", job=job, run=run, outcome=outcome, t=now())
-            task.request.chaos_run, task.request.chaos_outcome = run, outcome
+            with soft_limit_deferred():
+                record("end", job=job, run=run, outcome=outcome, t=now())
+                task.request.chaos_outcome = outcome
 
     limits = {"soft_time_limit": SOFT_LIMIT_S, "time_limit": HARD_LIMIT_S}
-    _GOES_ON = ("retry", "requeue", "replace")
+    _FAILED = ("fail", "soft_limit")
 
     @app.task(
         name="chaos.job",
@@ -294,14 +321,28 @@ def build(spec: Spec, *, role: str) -> Celery:
             if task is None:
                 return
             request = task.request
+            runs_here.pop(task_id, None)
             if not getattr(request, "chaos_ran", False):
                 record("unrun", job=task_id, state=state, t=now())
-            elif state == "FAILURE" and getattr(request, "chaos_outcome", "fail") in _GOES_ON:
-                # The soft time limit struck between the body's record and the
-                # exception that carried the job on: the run failed, for good.
+            elif state == "FAILURE" and getattr(request, "chaos_outcome", None) not in _FAILED:
+                # The soft time limit struck after the body's record (or before
+                # it, on the way into it): the run failed, for good.
                 record("end", job=task_id, run=request.chaos_run, outcome="fail", t=now())
 
         signals.task_postrun.connect(after_run, weak=False, dispatch_uid="chaos.unrun")
+
+        def internal_error(task_id: str = "", **_: Any) -> None:
+            # The soft time limit struck in Celery's own code, after the body
+            # (raising Reject, say): the run failed, and no task_postrun follows.
+            run = runs_here.pop(task_id, None)
+            if run is not None:
+                record("end", job=task_id, run=run, outcome="fail", t=now())
+            else:
+                record("unrun", job=task_id, state="FAILURE", t=now())
+
+        signals.task_internal_error.connect(
+            internal_error, weak=False, dispatch_uid="chaos.internal_error"
+        )
     app.finalize()
     return app
 

@@ -47,13 +47,14 @@ def _task_id(raw: bytes | str) -> str | None:
     return headers.get("id") if isinstance(headers, dict) else None
 
 
-def lost_in_transport(aof_dir: Path) -> set[str]:
-    """Ids of task messages last pushed and then never recorded as unacknowledged.
+def _last_states(aof_dir: Path) -> dict[str, str]:
+    """Each task message's last state in the broker's log: pushed, taken or removed.
 
-    Only meaningful once the queues are empty: a message still waiting in a
-    list has that shape too.
+    ``taken``: recorded as unacknowledged; ``removed``: its unacknowledged
+    entry deleted (acknowledged, rejected, or restored, with a push after it).
     """
     last: dict[str, str] = {}
+    tags: dict[bytes, str] = {}
     for path in sorted(aof_dir.glob("*.incr.aof"), key=lambda p: int(p.name.split(".")[-3])):
         for command in commands(path.read_bytes()):
             name = command[0].upper()
@@ -62,7 +63,32 @@ def lost_in_transport(aof_dir: Path) -> set[str]:
                     if (job := _task_id(value)) is not None:
                         last[job] = "pushed"
             elif name == b"HSET" and command[1] == b"unacked":
-                for value in command[3::2]:
+                for tag, value in zip(command[2::2], command[3::2], strict=False):
                     if (job := _task_id(value)) is not None:
-                        last[job] = "taken"
-    return {job for job, state in last.items() if state == "pushed"}
+                        last[job], tags[tag] = "taken", job
+            elif name == b"HDEL" and command[1] == b"unacked":
+                for tag in command[2:]:
+                    job = tags.pop(tag, None)
+                    if job is not None and last.get(job) == "taken":
+                        last[job] = "removed"
+    return last
+
+
+def lost_in_transport(aof_dir: Path) -> set[str]:
+    """Ids of task messages last pushed and then never recorded as unacknowledged.
+
+    Only meaningful once the queues are empty: a message still waiting in a
+    list has that shape too.
+    """
+    return {job for job, state in _last_states(aof_dir).items() if state == "pushed"}
+
+
+def removed_unacknowledged(aof_dir: Path) -> set[str]:
+    """Ids of task messages whose last delivery left the broker, with no push after it.
+
+    For a job that ended, that is its acknowledgement. For a job whose last run
+    asked for its message to be requeued (``Reject(requeue=True)``), it is a
+    requeue the transport never carried out: kombu deleted the unacknowledged
+    entry and pushed nothing back.
+    """
+    return {job for job, state in _last_states(aof_dir).items() if state == "removed"}

@@ -31,6 +31,9 @@ one clock for every process of a Linux machine):
 ``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
 ``transport_lost`` (the orchestrator, after quiescence): ``job``: the Redis broker's log
     shows the job's message popped and never recorded as unacknowledged.
+``left_broker`` (the orchestrator, after quiescence): ``job``: the Redis broker's log
+    shows the job's last delivery deleted from the unacknowledged ones, with no push
+    after it (acknowledged; or, after ``Reject(requeue=True)``, a requeue kombu dropped).
 
 :func:`check` verifies:
 
@@ -51,7 +54,8 @@ I3 every created job ends
     It ran to a final outcome, or was dropped unrun.
 I4 nothing left behind
     After quiescence (and a lease after the last lost worker), no unfinished
-    active key is held: every release, rollback and undo has landed.
+    active key is held: every release, rollback and undo has landed. A key
+    whose job's run died with its whole node is the lease's to free.
 I5 window keys
     For a window's whole length, the same request gets the same job, and a
     different request a conflict naming that job.
@@ -465,6 +469,21 @@ def _release_died(end: int, node_kills: list[int]) -> bool:
     return any(end - 1e9 <= kill <= end + RELEASE_WITHIN_NS + 1e9 for kill in node_kills)
 
 
+def _run_died_with_its_node(history: History, job: Job, at: int, lease_ns: int) -> bool:
+    """Whether, a lease or less before ``at``, a run of ``job`` died with its whole node.
+
+    The run's mark stays on the key: a copy of the message delivered again, and
+    dropped unrun (revoked meanwhile), cannot tell a dead run from one still
+    going on a slow worker, so it leaves the key to the lease.
+    """
+    for event in history.of("kill"):
+        if event.get("whole") and int(event["t"]) + lease_ns > at:
+            pids = set(event["pids"])
+            if any(run.pid in pids and run.start <= int(event["t"]) for run in job.runs):
+                return True
+    return False
+
+
 def _node_kills(history: History) -> list[int]:
     return sorted(int(e["t"]) for e in history.of("kill") if e.get("whole"))
 
@@ -481,11 +500,22 @@ def _lease_ns(history: History) -> int:
 def _lost_by_broker(history: History, job: Job) -> bool:
     """Whether the broker's own log shows the job's message lost by kombu's Redis transport.
 
-    The orchestrator reads it from the broker's append-only file after the
-    queues drained (:mod:`tests.history.broker_log`): such messages are
-    excused, and counted apart. A RabbitMQ run has none.
+    Popped and never recorded as unacknowledged, or, after its last run asked
+    for a requeue, deleted without a push. The orchestrator reads it from the
+    broker's append-only file after the queues drained
+    (:mod:`tests.history.broker_log`): such messages are excused, and counted
+    apart. A RabbitMQ run has none.
     """
-    return any(event["job"] == job.id for event in history.of("transport_lost"))
+    if any(event["job"] == job.id for event in history.of("transport_lost")):
+        return True
+    # Its last run asked for a requeue (the library passes the request on as it
+    # is), and the transport deleted the message without pushing it back.
+    last = max(job.runs, key=lambda run: (run.start, run.number), default=None)
+    return (
+        last is not None
+        and last.outcome == "requeue"
+        and any(event["job"] == job.id for event in history.of("left_broker"))
+    )
 
 
 def _unended(history: History, jobs: dict[str, Job], lost: set[str]) -> list[Violation]:
@@ -530,6 +560,8 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
                 continue  # its release died with its worker: the lease will free it
             if job is not None and end is None and _lost_by_broker(history, job):
                 continue  # its message was lost by the broker: the lease will free it
+            if job is not None and _run_died_with_its_node(history, job, snapshot["t"], lease_ns):
+                continue  # its run's mark stays: the lease will free it
             what = "a job no dispatch created" if job is None else f"job {held['job']}"
             found.append(
                 Violation(

@@ -30,16 +30,7 @@ def play(config: Config) -> Outcome:
     return outcome
 
 
-#: Known and open: these runs show violations the library does not yet prevent
-#: (docs/reliability.md, "What it found"). They still run and print their
-#: report; once fixed they pass, and the mark goes.
-OPEN_DEFECT = pytest.mark.xfail(
-    reason="open defect: a key left held after quiescence (I4) / lost requeued jobs (I3)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize("seed", [pytest.param(11, marks=OPEN_DEFECT), 12, 13])
+@pytest.mark.parametrize("seed", [11, 12, 13])
 def test_no_violation_under_random_faults_on_redis(seed: int, tmp_path: Path) -> None:
     """Dispatches, runs and releases under child and node kills, store and broker faults: clean."""
     outcome = play(Config(seconds=SECONDS, seed=seed, directory=tmp_path))
@@ -51,7 +42,6 @@ def test_no_violation_under_random_faults_on_redis(seed: int, tmp_path: Path) ->
 
 
 @pytest.mark.rabbitmq
-@OPEN_DEFECT
 def test_no_violation_under_random_faults_on_rabbitmq(tmp_path: Path) -> None:
     """The same with RabbitMQ as the broker (restarted with rabbitmqctl stop_app/start_app)."""
     outcome = play(Config(seconds=SECONDS, seed=21, broker="rabbitmq", directory=tmp_path))

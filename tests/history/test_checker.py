@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.history.broker_log import lost_in_transport
+from tests.history.broker_log import lost_in_transport, removed_unacknowledged
 from tests.history.checker import History, check
 
 S = 1_000_000_000  # a second, in the histories' nanoseconds
@@ -182,6 +182,28 @@ def test_i4_catches_a_key_left_held_after_quiescence() -> None:
     assert violations(bad) == {"I4": 1}
 
 
+def test_i4_leaves_to_the_lease_a_key_whose_run_died_with_its_node() -> None:
+    """Its node killed mid-run, the copy delivered again was revoked and dropped unrun:
+    the dead run's mark keeps the key until the lease; a child kill is no excuse."""
+
+    def left(whole: bool, snapshot_s: float) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, None, pid=7),
+            {"e": "kill", "pids": [3, 7], "whole": whole, "t": int(1.2 * S)},
+            {"e": "dropped", "job": "J1", "t": int(8 * S)},
+            {
+                "e": "keys",
+                "t": int(snapshot_s * S),
+                "held": [{"key": "k", "kind": "active", "job": "J1", "finished": False}],
+            },
+        )
+
+    assert violations(left(whole=True, snapshot_s=20)) == {}
+    assert violations(left(whole=False, snapshot_s=20)) == {"I4": 1}
+    assert violations(left(whole=True, snapshot_s=62)) == {"I4": 1}  # past the lease
+
+
 def window(job: str, out: str, req: str, **extra: Any) -> dict[str, Any]:
     return {
         "jid": job,
@@ -244,6 +266,18 @@ def test_i3_counts_a_message_the_broker_log_shows_lost_apart() -> None:
     assert violations(history(*retried, {"e": "transport_lost", "job": "J2"})) == {"I3": 1}
 
 
+def test_i3_counts_a_requeue_the_broker_log_shows_dropped_apart() -> None:
+    """Reject(requeue=True), then the transport deleted the message and pushed nothing back."""
+    requeued = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="requeue")]
+    report = check(history(*requeued, {"e": "left_broker", "job": "J1"}))
+    assert report.by_invariant()["I3"] == 0
+    assert report.counts["messages lost by the Redis transport"] == 1
+    assert violations(history(*requeued)) == {"I3": 1}
+    # A message acknowledged after a run that went on (a retry) is no excuse.
+    retried = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="retry")]
+    assert violations(history(*retried, {"e": "left_broker", "job": "J1"})) == {"I3": 1}
+
+
 def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     tmp_path: Path,
 ) -> None:
@@ -264,8 +298,15 @@ def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     aof += resp("LPUSH", "q", message("requeued"))
     aof += resp("HSET", "unacked", "tag-2", json.dumps([message("requeued"), "q", "q"]))
     aof += resp("LPUSH", "q", message("requeued")) + resp("RPOP", "q")
+    aof += resp("LPUSH", "q", message("acked")) + resp("RPOP", "q")
+    aof += resp("HSET", "unacked", "tag-3", json.dumps([message("acked"), "q", "q"]))
+    aof += resp("HDEL", "unacked", "tag-3")
+    aof += resp("LPUSH", "q", message("restored")) + resp("RPOP", "q")
+    aof += resp("HSET", "unacked", "tag-4", json.dumps([message("restored"), "q", "q"]))
+    aof += resp("HDEL", "unacked", "tag-4") + resp("LPUSH", "q", message("restored"))
     (tmp_path / "appendonly.aof.1.incr.aof").write_bytes(aof)
-    assert lost_in_transport(tmp_path) == {"lost", "requeued"}
+    assert lost_in_transport(tmp_path) == {"lost", "requeued", "restored"}
+    assert removed_unacknowledged(tmp_path) == {"acked"}
 
 
 def test_i3_a_killed_run_goes_on_unless_its_time_limit_fired_first() -> None:
