@@ -179,6 +179,9 @@ class Job:
             ends.append(self.dropped)
         last_start = max((run.start for run in self.runs), default=0)
         ends += [t for t in self.failed_unrun if t > last_start]
+        # A later delivery timed out before its body began (acknowledged then).
+        latest = max((run.end or run.start for run in self.runs), default=0)
+        ends += [t for t in self.timed_out if t > latest]
         return max(ends) if ends else None
 
 

@@ -309,6 +309,14 @@ def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     assert removed_unacknowledged(tmp_path) == {"acked"}
 
 
+def test_i3_a_delivery_timed_out_before_its_body_is_an_end() -> None:
+    """Retried, and the retry's delivery hit its hard time limit before the body began."""
+    retried = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="retry")]
+    timed_out = {"e": "timed_out", "job": "J1", "t": int(2.0 * S)}
+    assert violations(history(*retried, timed_out)) == {}
+    assert violations(history(*retried)) == {"I3": 1}
+
+
 def test_i3_a_killed_run_goes_on_unless_its_time_limit_fired_first() -> None:
     """A killed pool child's message is requeued: the job must run again, unless the
     main process timed the run out first (then it was acknowledged, and it ended)."""
