@@ -88,10 +88,15 @@ import pytest
 
 HOST = "127.0.0.1"
 
+#: Test runs side by side on one Redis (the version matrix runs two cells at a
+#: time) each take their own pair of databases: slot n uses 9 + 2n and 10 + 2n.
+REDIS_SLOT = int(os.environ.get("CELERY_UNIQUE_TEST_REDIS_SLOT", "0"))
+if not 0 <= REDIS_SLOT <= 2:
+    raise ValueError(f"CELERY_UNIQUE_TEST_REDIS_SLOT must be 0, 1 or 2, not {REDIS_SLOT}")
 #: Redis database used by store tests (``redis_url`` / ``redis_client``).
-REDIS_TEST_DB = 9
+REDIS_TEST_DB = 9 + 2 * REDIS_SLOT
 #: Redis database used as Celery broker and result backend by worker tests.
-CELERY_REDIS_DB = 10
+CELERY_REDIS_DB = 10 + 2 * REDIS_SLOT
 #: RabbitMQ drops a test queue left without consumers this long (milliseconds).
 TEST_QUEUE_EXPIRES_MS = 600_000
 
