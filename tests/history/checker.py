@@ -229,13 +229,17 @@ class Report:
 
 
 class _Faults:
-    """When the store was impaired (faults of its own, or of its server)."""
+    """When the store or the broker was impaired (faults of their own, or of their servers).
+
+    A release waits for the store, and, for an ``acks_late`` job, for the
+    broker to take the acknowledgement first: either one impaired delays it.
+    """
 
     def __init__(self, history: History) -> None:
         spans = sorted(
             (int(event["t0"]), int(event["t1"]))
             for event in history.of("fault")
-            if event.get("target") == "store"
+            if event.get("target") in ("store", "broker")
         )
         self.spans = spans
 

@@ -156,6 +156,24 @@ def test_i2_allows_the_moment_between_the_end_and_the_release() -> None:
     assert violations(fine) == {}
 
 
+def test_i2_allows_a_release_the_broker_held_up() -> None:
+    """The job ended as the broker restarted: its acknowledgement, and so its release,
+    waited for the broker; a reuse meanwhile is not a phantom. Without the fault it is."""
+
+    def story(*faults: dict[str, Any]) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 1.5),
+            *faults,
+            dispatch(3.6, reused("J1")),
+            released("J1", 3.8),
+        )
+
+    restart = {"e": "fault", "kind": "broker_restart", "target": "broker"}
+    assert violations(story({**restart, "t0": int(1.4 * S), "t1": int(1.9 * S)})) == {}
+    assert violations(story()) == {"I2": 1}
+
+
 def test_i3_catches_a_created_job_that_never_ran() -> None:
     """A created job with no final run and no drop: lost."""
     assert violations(history(dispatch(1.0, created("J1")))) == {"I3": 1}
