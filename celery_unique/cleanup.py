@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from celery_unique.stores.base import GOES_ON, RUNNING, Claim, Release, Store
 
@@ -340,20 +341,19 @@ def release(
     so that both usually travel in one round trip.
     """
     deadline = deadline_after(within_s)
-    items = [] if first is None else [_owed_release(store, first, deadline, after_exit_of)]
-    release = _owed_release(store, hold, deadline, after_exit_of)
-    release.on_released, release.after = on_released, after
-    _thread().owe(*items, release)
 
+    def owed(write: Release, **waits: Any) -> Owed:
+        return Owed(
+            store=store,
+            what=_describe(write),
+            deadline=deadline,
+            release=write,
+            after_exit_of=after_exit_of,
+            **waits,
+        )
 
-def _owed_release(store: Store, hold: Release, deadline: float, after_exit_of: int | None) -> Owed:
-    return Owed(
-        store=store,
-        what=_describe(hold),
-        deadline=deadline,
-        release=hold,
-        after_exit_of=after_exit_of,
-    )
+    items = [] if first is None else [owed(first)]
+    _thread().owe(*items, owed(hold, on_released=on_released, after=after))
 
 
 def _describe(hold: Release) -> str:

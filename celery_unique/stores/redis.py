@@ -39,14 +39,14 @@ if TYPE_CHECKING:
     import redis
     from redis.cluster import RedisCluster
 
+logger = logging.getLogger("celery_unique")
+
 _SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
 SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
 _US = "\x1f"
 #: How release.lua spells the keeps that release nothing.
 _SPECIAL_KEEPS = {GOES_ON: "-", RUNNING: "+"}
 _RS = "\x1e"
-
-logger = logging.getLogger("celery_unique")
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, signals
@@ -41,24 +40,22 @@ def _on_worker_shutdown(**_: object) -> None:
     cleanup.flush(SHUTDOWN_FLUSH_S)
 
 
-def _prepared(app: Celery) -> Callable[..., None]:
-    held = weakref.ref(app)  # the receiver stays connected; the app may go
+#: Apps whose worker side is installed (a worker prepares only those).
+_installed: weakref.WeakSet[Celery] = weakref.WeakSet()
 
-    def prepare(sender: Any = None, **_: object) -> None:
-        current = held()
-        # Build the store in the main process before the pool forks, so that
-        # every pool child inherits its client library imported: importing
-        # redis-py takes a second or more on a busy machine, time the first job
-        # of each child would otherwise spend before its body starts (past a
-        # short time limit, even).
-        if current is None or id(getattr(sender, "app", None)) != id(current):
-            return
-        try:
-            runtime(current).store  # noqa: B018 - built for its side effect
-        except Exception:
-            logger.exception("celery-unique: the uniqueness store could not be set up")
 
-    return prepare
+def _on_worker_init(sender: Any = None, **_: object) -> None:
+    # Build the store in the main process before the pool forks, so that every
+    # pool child inherits its client library imported: importing redis-py takes
+    # a second or more on a busy machine, time the first job of each child would
+    # otherwise spend before its body starts (past a short time limit, even).
+    app = getattr(sender, "app", None)
+    if app is None or app not in _installed:
+        return
+    try:
+        runtime(app).store  # noqa: B018 - built for its side effect
+    except Exception:
+        logger.exception("celery-unique: the uniqueness store could not be set up")
 
 
 def install(app: Celery) -> None:
@@ -71,6 +68,7 @@ def install(app: Celery) -> None:
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
     )
+    _installed.add(app)
     signals.worker_init.connect(
-        _prepared(app), weak=False, dispatch_uid=f"celery_unique.worker.prepare.{id(app)}"
+        _on_worker_init, weak=False, dispatch_uid="celery_unique.worker.prepare"
     )

@@ -186,7 +186,7 @@ def build(spec: Spec, *, role: str) -> Celery:
         **spec.settings,
     )
 
-    #: This pool child's latest run of each job (for errors Celery reports without the request).
+    #: This pool child's run of each job whose body began, until Celery reports its end.
     runs_here: dict[str, int] = {}
 
     def body(task: Any, key: str | None, mode: str, hold_ms: int) -> None:
@@ -196,7 +196,6 @@ def build(spec: Spec, *, role: str) -> Celery:
         with soft_limit_deferred():
             run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
             record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
-            task.request.chaos_ran, task.request.chaos_run = True, run
             runs_here[job] = run
         outcome = "ok"
         try:
@@ -320,14 +319,13 @@ def build(spec: Spec, *, role: str) -> Celery:
             # pool asked it to mark the key, until the soft time limit).
             if task is None:
                 return
-            request = task.request
-            runs_here.pop(task_id, None)
-            if not getattr(request, "chaos_ran", False):
+            run = runs_here.pop(task_id, None)
+            if run is None:
                 record("unrun", job=task_id, state=state, t=now())
-            elif state == "FAILURE" and getattr(request, "chaos_outcome", None) not in _FAILED:
+            elif state == "FAILURE" and getattr(task.request, "chaos_outcome", None) not in _FAILED:
                 # The soft time limit struck after the body's record (or before
                 # it, on the way into it): the run failed, for good.
-                record("end", job=task_id, run=request.chaos_run, outcome="fail", t=now())
+                record("end", job=task_id, run=run, outcome="fail", t=now())
 
         signals.task_postrun.connect(after_run, weak=False, dispatch_uid="chaos.unrun")
 

@@ -47,7 +47,7 @@ def _task_id(raw: bytes | str) -> str | None:
     return headers.get("id") if isinstance(headers, dict) else None
 
 
-def _last_states(aof_dir: Path) -> dict[str, str]:
+def message_states(aof_dir: Path) -> dict[str, str]:
     """Each task message's last state in the broker's log: pushed, taken or removed.
 
     ``taken``: recorded as unacknowledged; ``removed``: its unacknowledged
@@ -74,21 +74,23 @@ def _last_states(aof_dir: Path) -> dict[str, str]:
     return last
 
 
-def lost_in_transport(aof_dir: Path) -> set[str]:
-    """Ids of task messages last pushed and then never recorded as unacknowledged.
+def lost_in_transport(states: dict[str, str]) -> set[str]:
+    """Ids of task messages last pushed and then never recorded as unacknowledged
+    (``states`` from :func:`message_states`).
 
     Only meaningful once the queues are empty: a message still waiting in a
     list has that shape too.
     """
-    return {job for job, state in _last_states(aof_dir).items() if state == "pushed"}
+    return {job for job, state in states.items() if state == "pushed"}
 
 
-def removed_unacknowledged(aof_dir: Path) -> set[str]:
-    """Ids of task messages whose last delivery left the broker, with no push after it.
+def removed_unacknowledged(states: dict[str, str]) -> set[str]:
+    """Ids of task messages whose last delivery left the broker, with no push after it
+    (``states`` from :func:`message_states`).
 
     For a job that ended, that is its acknowledgement. For a job whose last run
     asked for its message to be requeued (``Reject(requeue=True)``), it is a
     requeue the transport never carried out: kombu deleted the unacknowledged
     entry and pushed nothing back.
     """
-    return {job for job, state in _last_states(aof_dir).items() if state == "removed"}
+    return {job for job, state in states.items() if state == "removed"}

@@ -46,7 +46,11 @@ import redis
 from tests.faultproxy import FaultProxy
 from tests.history.actors import Spec, now, produce
 from tests.history.broken import OVERRIDE as BROKEN_STORE
-from tests.history.broker_log import lost_in_transport, removed_unacknowledged
+from tests.history.broker_log import (
+    lost_in_transport,
+    message_states,
+    removed_unacknowledged,
+)
 from tests.history.checker import DESCRIPTIONS, History, Report, build_jobs, check
 from tests.processes import REPO, RedisServer, Worker, free_port, group_members
 
@@ -383,10 +387,10 @@ def run(config: Config) -> Outcome:
         time.sleep(SETTLE_S)  # the workers' last releases
         actors.record("keys", held=actors.snapshot_keys(), t=now())
         if actors.broker is not None and actors.queue_empty():
-            log = actors.broker.directory / "appendonlydir"
-            for job in sorted(lost_in_transport(log)):
+            states = message_states(actors.broker.directory / "appendonlydir")
+            for job in sorted(lost_in_transport(states)):
                 actors.record("transport_lost", job=job, t=now())
-            for job in sorted(removed_unacknowledged(log)):
+            for job in sorted(removed_unacknowledged(states)):
                 actors.record("left_broker", job=job, t=now())
         stop_watching.set()
         for node in actors.nodes:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.history.broker_log import lost_in_transport, removed_unacknowledged
+from tests.history.broker_log import lost_in_transport, message_states, removed_unacknowledged
 from tests.history.checker import History, check
 
 S = 1_000_000_000  # a second, in the histories' nanoseconds
@@ -323,8 +323,9 @@ def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     aof += resp("HSET", "unacked", "tag-4", json.dumps([message("restored"), "q", "q"]))
     aof += resp("HDEL", "unacked", "tag-4") + resp("LPUSH", "q", message("restored"))
     (tmp_path / "appendonly.aof.1.incr.aof").write_bytes(aof)
-    assert lost_in_transport(tmp_path) == {"lost", "requeued", "restored"}
-    assert removed_unacknowledged(tmp_path) == {"acked"}
+    states = message_states(tmp_path)
+    assert lost_in_transport(states) == {"lost", "requeued", "restored"}
+    assert removed_unacknowledged(states) == {"acked"}
 
 
 def test_i3_a_delivery_timed_out_before_its_body_is_an_end() -> None:
