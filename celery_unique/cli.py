@@ -10,6 +10,7 @@ configuration and ``--no-color``/``--quiet`` come from ``celery`` itself::
     celery -A proj unique reap [--apply] [--json]
     celery -A proj unique stats [--json]
     celery -A proj unique explain TASK_NAME [--args JSON] [--kwargs JSON] [--options JSON] [--json]
+    celery -A proj unique check [--fleet] [--no-store] [--json]
 
 Every command acts on the app's namespace (``unique_namespace``) only.
 
@@ -29,7 +30,7 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CeleryOption, CLIContext, handle_preload_options
 
-from celery_unique import keyspace, operations
+from celery_unique import checks, keyspace, operations
 from celery_unique.config import runtime
 from celery_unique.exceptions import UniquenessError
 from celery_unique.explain import explain_dispatch
@@ -316,6 +317,43 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     details = _store_details(_app(ctx))
     if details:
         ctx.obj.echo("\n".join(f"{name}: {value}" for name, value in details.items()))
+
+
+@unique.command(name="check", cls=CeleryCommand)
+@click.option(
+    "--fleet",
+    is_flag=True,
+    cls=CeleryOption,
+    help="Also ask the running workers whether they run the plugin.",
+)
+@click.option(
+    "--no-store", is_flag=True, cls=CeleryOption, help="Only the checks that connect to nothing."
+)
+@click.option("--json", "as_json", is_flag=True, cls=CeleryOption, help="Print JSON.")
+@click.pass_context
+def check(ctx: click.Context, fleet: bool, no_store: bool, as_json: bool) -> None:
+    """Find misconfigurations; exit status 1 if any is an error."""
+    findings = checks.run(_app(ctx), store=not no_store, fleet=fleet)
+    errors = sum(each.is_error for each in findings)
+    if as_json:
+        _echo_json(
+            ctx,
+            {
+                "errors": errors,
+                "warnings": len(findings) - errors,
+                "findings": [each.as_dict() for each in findings],
+            },
+        )
+    else:
+        for each in findings:
+            ctx.obj.echo(f"{each.id} [{each.level.value}] {each.subject}: {each.message}")
+            ctx.obj.echo(f"    fix: {each.hint}")
+        ctx.obj.echo(
+            f"{errors} error(s), {len(findings) - errors} warning(s)"
+            if findings
+            else "no problems found"
+        )
+    ctx.exit(1 if errors else 0)
 
 
 def _store_details(app: Any) -> dict[str, object]:

@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_namespace": None,
     "unique_fail_open": False,
     "unique_lease": timedelta(hours=1),
+    "unique_strict_checks": False,
 }
 
 _lock = threading.Lock()

@@ -153,7 +153,9 @@ def install_gate(app: Celery) -> None:
             job_id = _job_id(message)
             pass_gate(job_id)
             resend.observe(job_id, message.headers)
-            return send(producer, name, message, **options)
+            result = send(producer, name, message, **options)
+            resend.handed_over(job_id)
+            return result
 
         amqp.send_task_message = send_task_message  # type: ignore[misc]
         amqp._celery_unique_gate = True  # type: ignore[attr-defined]

@@ -39,6 +39,7 @@ class Resend:
 
 
 _resending: ContextVar[Resend | None] = ContextVar("celery_unique_resending", default=None)
+_sent: ContextVar[list[str | None] | None] = ContextVar("celery_unique_sent", default=None)
 
 
 @contextmanager
@@ -50,6 +51,24 @@ def resending(job_id: str, header: KeyHeader | None) -> Iterator[Resend]:
         yield watched
     finally:
         _resending.reset(token)
+
+
+@contextmanager
+def counting_sends() -> Iterator[list[str | None]]:
+    """While the block runs, the ids of the messages it handed to the broker, in order."""
+    sent: list[str | None] = []
+    token = _sent.set(sent)
+    try:
+        yield sent
+    finally:
+        _sent.reset(token)
+
+
+def handed_over(job_id: str | None) -> None:
+    """At the publish gate, once the broker took a message: note it for :func:`counting_sends`."""
+    sent = _sent.get()
+    if sent is not None:
+        sent.append(job_id)
 
 
 def resent(app: Celery, task_id: str | None, options: Mapping[str, Any]) -> Resend | None:

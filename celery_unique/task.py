@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from celery import Task, chord, group
@@ -9,6 +11,7 @@ from celery.canvas import Signature, _chain
 from celery.exceptions import Ignore
 from celery.result import AsyncResult
 
+from celery_unique import resend
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
 from celery_unique.explain import Explanation, explain
@@ -17,7 +20,9 @@ from celery_unique.install import install
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
+from celery_unique.worker.limits import soft_limit_held_back
 
+logger = logging.getLogger("celery_unique")
 if TYPE_CHECKING:
     _Task = Task[Any, Any]
     _MixinBase = _Task
@@ -60,7 +65,10 @@ class UniqueMixin(_MixinBase):
     _marks_runs: ClassVar[bool] = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        holder = runs.begin(self)
+        try:
+            holder = runs.begin(self)
+        except runs.StoreSilent as silent:
+            raise runs.defer(self, silent) from None
         if holder is not None:
             raise runs.stale(self, holder)
         request = self.request_stack.top
@@ -125,11 +133,26 @@ class UniqueMixin(_MixinBase):
                 headers = dict(carrier.options.get("headers") or {})
                 headers[HEADER] = {**header, "j": job_id}
                 carrier.options["headers"] = headers
-        try:
-            return super().on_replace(sig)
-        except Ignore as ended:
-            # The worker's main process learns from this that the job goes on.
-            raise Replaced(*ended.args) from None
+        with resend.counting_sends() as sent:
+            eager = self.request.is_eager
+            try:
+                with nullcontext() if eager else soft_limit_held_back():
+                    return super().on_replace(sig)
+            except Ignore as ended:
+                # The worker's main process learns from this that the job goes on.
+                raise Replaced(*ended.args) from None
+            except Exception as exc:
+                if not sent or eager:
+                    raise
+                # A time limit (say) struck once the replacement had left: it
+                # carries the job on whatever follows here. Failing the job now
+                # would free its keys beside a replacement that will run.
+                logger.warning(
+                    "job %s is replaced: %r was raised after its replacement was sent",
+                    job_id,
+                    exc,
+                )
+                raise Replaced(f"replaced; then {exc!r}") from exc
 
     def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""

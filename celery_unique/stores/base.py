@@ -308,6 +308,18 @@ class Store(ABC):
     def ping(self) -> None:
         """Raise :class:`~celery_unique.exceptions.BackendUnavailable` when unreachable."""
 
+    def eviction(self) -> tuple[int, str] | None:
+        """``(maxmemory in bytes, eviction policy)`` of a store that may evict keys when
+        full; ``None`` where that cannot happen or cannot be read."""
+        return None
+
+    def register_app(
+        self, namespace: str, app: str, tasks: Sequence[str], keep_ms: int
+    ) -> dict[str, list[str]] | None:
+        """Note that ``app`` (with its unique ``tasks``) uses ``namespace`` on this store;
+        every app noted within ``keep_ms``, with its tasks. ``None``: no registry here."""
+        return None
+
     def stats(self) -> StoreStats:
         active = window = 0
         for held in self.scan():

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.resources
+import json
 import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
-from celery_unique.keyspace import split_storage_key
+from celery_unique.keyspace import PREFIX, split_storage_key
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     GOES_ON,
@@ -342,12 +343,46 @@ class RedisStore(Store):
         with self._commands():
             for raw in self.client.scan_iter(match=pattern, count=1000):
                 key = raw.decode()
+                if not key.startswith(PREFIX):
+                    continue  # Not a held key (the namespace registry, another app's data).
                 held = self.get(key)
                 if held is not None and kind in (None, held.kind):
                     yield held
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
         return bool(self._call("forget", [key], [job_id or ""]))
+
+    def eviction(self) -> tuple[int, str] | None:
+        try:
+            with self._commands():
+                config = self.client.config_get("maxmemory*")
+        except self._redis.ResponseError:
+            return None  # CONFIG is renamed or refused (managed services): cannot tell.
+        values = {_text(name or ""): _text(value or "") for name, value in config.items()}
+        try:
+            maxmemory = int(values.get("maxmemory", "0"))
+        except ValueError:
+            return None
+        return maxmemory, values.get("maxmemory-policy", "")
+
+    def register_app(
+        self, namespace: str, app: str, tasks: Sequence[str], keep_ms: int
+    ) -> dict[str, list[str]]:
+        # Outside the key layout's prefix, so that no scan of held keys meets it.
+        registry = f"unique:apps:{{{namespace}}}"
+        with self._commands():
+            now_ms = int(self.client.time()[0]) * 1000
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.hset(registry, app, json.dumps({"tasks": sorted(tasks), "at": now_ms}))
+                pipe.pexpire(registry, keep_ms)
+                pipe.hgetall(registry)
+                *_, entries = pipe.execute()
+        apps = {}
+        for name, raw in entries.items():
+            entry = json.loads(raw)
+            if now_ms - int(entry.get("at", 0)) <= keep_ms:
+                apps[_text(name)] = list(entry.get("tasks", []))
+        return apps
 
     def ping(self) -> None:
         with self._commands():

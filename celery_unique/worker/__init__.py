@@ -26,8 +26,9 @@ from typing import Any
 from celery import Celery, signals
 
 from celery_unique import cleanup
+from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.config import runtime
-from celery_unique.worker import dropped, leases, runs
+from celery_unique.worker import control, dropped, leases, runs
 from celery_unique.worker.step import FollowFates
 
 logger = logging.getLogger("celery_unique")
@@ -44,6 +45,11 @@ def _on_worker_shutdown(**_: object) -> None:
 _installed: weakref.WeakSet[Celery] = weakref.WeakSet()
 
 
+def installed_in(app: Celery) -> bool:
+    """Whether ``app`` has the worker side (a unique task of it was bound in this process)."""
+    return app in _installed
+
+
 def _on_worker_init(sender: Any = None, **_: object) -> None:
     # Build the store in the main process before the pool forks, so that every
     # pool child inherits its client library imported: importing redis-py takes
@@ -58,10 +64,19 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
         logger.exception("celery-unique: the uniqueness store could not be set up")
 
 
+def _on_worker_set_up(instance: Any = None, **_: object) -> None:
+    # After the worker's logging is set up (so that findings reach its log),
+    # before its pool starts (so that a strict check stops it before any job).
+    app = getattr(instance, "app", None)
+    if app is not None and app in _installed:
+        check_at_worker_start(app)
+
+
 def install(app: Celery) -> None:
     """Hook the worker side into ``app`` (idempotent)."""
     if FollowFates not in app.steps["consumer"]:
         app.steps["consumer"].add(FollowFates)
+    control.unique_plugin  # noqa: B018 - imported for its registration
     dropped.connect()
     leases.connect()
     runs.connect()
@@ -71,4 +86,7 @@ def install(app: Celery) -> None:
     _installed.add(app)
     signals.worker_init.connect(
         _on_worker_init, weak=False, dispatch_uid="celery_unique.worker.prepare"
+    )
+    signals.celeryd_after_setup.connect(
+        _on_worker_set_up, weak=False, dispatch_uid="celery_unique.worker.check"
     )

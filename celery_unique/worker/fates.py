@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
@@ -90,6 +91,7 @@ class Fate:
         "app",
         "continued",
         "decided",
+        "deferred",
         "ended",
         "header",
         "job_id",
@@ -121,8 +123,12 @@ class Fate:
         self.continued = False
         self.resent: resend.Resend | None = None
         self.decided = False
+        #: Releases of other deliveries of the job that wait for this one's decision.
+        self.deferred: list[Callable[[], None]] = []
 
     def started(self) -> None:
+        with _lock:
+            _undecided.setdefault(self.job_id, []).append(self)
         self.running = self.ran = True
         if release_at(self.job_id, self.header, finished=False) is not None:
             self._release(finished=False)
@@ -161,12 +167,17 @@ class Fate:
             keep = self.settled is Settled.REQUEUED or self.continued
             if self.resent is not None and self.resent.published:
                 keep = True
+            waiting, self.deferred = self.deferred, []
+            if self.ran:
+                _forget_undecided(self)
         if self.stale:
-            return  # the key is another job's
-        if not keep:
+            pass  # the key is another job's
+        elif not keep:
             self._release(finished=True)
         elif self.ran and self.run is not None:
             self._owe_run_write(GOES_ON)  # the job goes on in another delivery
+        for release in waiting:
+            release()
 
     def _owe_run_write(self, what: int) -> None:
         """Owe the store the start (:data:`RUNNING`) or the end (:data:`GOES_ON`) of this
@@ -183,6 +194,8 @@ class Fate:
     def _release(self, *, finished: bool) -> None:
         hold = release_at(self.job_id, self.header, finished=finished)
         if hold is None:
+            return
+        if finished and not self.ran and self._waits_for_an_earlier_run():
             return
         # The end of the run goes first, and goes even if the release never does
         # (an acknowledgement that failed): a copy of the message the broker
@@ -210,6 +223,33 @@ class Fate:
             after=(lambda: forgotten(message)) if message is not None else None,
             first=ended,
         )
+
+    def _waits_for_an_earlier_run(self) -> bool:
+        """Defer this unrun delivery's release behind a run of the job this worker has not
+        decided yet (say, a retry: its next attempt can be received, and dropped as
+        revoked, before the pool reports the attempt that sent it). Released first, it
+        would find the key marked by that run and leave it; the run's end would then
+        clear the mark, and nothing would free the key until the lease."""
+        with _lock:
+            earlier = next(
+                (fate for fate in _undecided.get(self.job_id, ()) if fate is not self), None
+            )
+            if earlier is None:
+                return False
+            earlier.deferred.append(lambda: self._release(finished=True))
+            return True
+
+
+#: Deliveries whose run started in this process and whose fate is not decided, by job.
+_undecided: dict[str, list[Fate]] = {}
+
+
+def _forget_undecided(fate: Fate) -> None:
+    fates = _undecided.get(fate.job_id)
+    if fates is not None and fate in fates:
+        fates.remove(fate)
+        if not fates:
+            del _undecided[fate.job_id]
 
 
 def forgotten(message: Any) -> bool | None:
@@ -284,7 +324,7 @@ class FateMixin:
         fate.run_ended(
             pid=request.worker_pid,
             cut_short=isinstance(exc, _CUT_SHORT),
-            continued=isinstance(exc, Retry | Replaced),
+            continued=isinstance(exc, Retry | Replaced | runs.Deferred),
             stale=isinstance(exc, runs.Stale),
         )
         if isinstance(exc, _RESENDING):

@@ -23,31 +23,54 @@ delivery of the job that this worker ran reaches the store first, and so
 that a run the store could not mark at its start (the store did not answer
 then) is marked before its own release.
 
+A run does not start unmarked, though: a copy of a message whose key moved on
+cannot be told from the job's first delivery while the store is silent. The
+run waits a little for the store (:data:`STORE_WAIT_S`); if it is still
+silent, the job is sent again under its id, due :data:`DEFER_S` later, and
+this delivery ends without running (:class:`Deferred`): the key stays with
+the job, and the copy that runs later is marked, or found stale. Only under
+``unique_fail_open`` does a run go ahead unmarked, as dispatches do.
+
 ``queued`` keys are released when a run starts; they mark nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
+from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore
 
 from celery_unique.config import runtime
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.headers import KeyHeader, read_header
-from celery_unique.stores.base import RunStart, Scope
+from celery_unique.stores.base import RunStart, Scope, Store
 
 logger = logging.getLogger("celery_unique")
 
 #: The request field that carries a delivery's run id from the main process to the pool.
 RUN_FIELD = "celery_unique_run"
 _MARKED_SCOPES = (Scope.ACTIVE.value, Scope.EXISTS.value)
+#: How long, at most, a run waits for a silent store before its job is deferred.
+STORE_WAIT_S = 2.0
+#: How long after a deferral the job is due again.
+DEFER_S = 1.0
+_RETRY_GAPS_S = (0.05, 0.1, 0.2, 0.4)
 
 
 class Stale(Ignore):
     """This delivery is a copy of a job whose key another job holds now: it does not run."""
+
+
+class Deferred(Ignore):
+    """The store did not answer before the run: the job was sent again, under its id, for later."""
+
+
+class StoreSilent(Exception):
+    """The store did not answer the start of a run within :data:`STORE_WAIT_S`."""
 
 
 def assign(request_dict: dict[str, Any], header: KeyHeader) -> str | None:
@@ -62,8 +85,9 @@ def assign(request_dict: dict[str, Any], header: KeyHeader) -> str | None:
 def begin(task: Any) -> str | None:
     """Mark the key of the job ``task`` is about to run (pool); the other holder if stale.
 
-    A store that does not answer does not hold the job up: it runs, and the
-    mark the worker's main process sends once the pool took the job (see
+    Raises :class:`StoreSilent` if the store does not answer in time, unless
+    the app fails open: then the run goes ahead, and the mark the worker's
+    main process sends once the pool took the job (see
     :meth:`~celery_unique.worker.fates.Fate.started`) reaches the store later.
     """
     request = task.request
@@ -77,15 +101,57 @@ def begin(task: Any) -> str | None:
     rt = runtime(task.app)
     start = RunStart(run, Scope(header["s"]), task.name, rt.lease_ms)
     try:
-        return rt.store.start_run(request.id, key, start)
+        return _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)
     except BackendUnavailable as exc:
         logger.warning(
-            "uniqueness store not answering; job %s runs, its key %r is marked later: %s",
+            "uniqueness store not answering; job %s runs (fail-open), its key %r is marked "
+            "later: %s",
             request.id,
             key,
             exc,
         )
         return None
+
+
+def _start_waiting(
+    store: Store, job_id: str, key: str, start: RunStart, *, patient: bool
+) -> str | None:
+    deadline = time.monotonic() + STORE_WAIT_S
+    gaps = iter(_RETRY_GAPS_S)
+    failed: BackendUnavailable | None = None
+    while True:
+        try:
+            return store.start_run(job_id, key, start)
+        except BackendUnavailable as exc:
+            if not patient:
+                raise
+            failed = exc
+        except SoftTimeLimitExceeded as exc:
+            # The limit struck while this run waited for the store, before its
+            # body: the job did not overrun, the store did. Defer it.
+            if failed is None:
+                raise
+            raise StoreSilent(str(failed)) from exc
+        gap = next(gaps, _RETRY_GAPS_S[-1])
+        if time.monotonic() + gap > deadline:
+            raise StoreSilent(str(failed)) from failed
+        time.sleep(gap)
+
+
+def defer(task: Any, silent: StoreSilent) -> Deferred:
+    """Send the job ``task`` runs again, due later; the exception that ends this delivery."""
+    request = task.request
+    # The same job going on (the re-send keeps its id, keys and retry count),
+    # published without asking the store, as a retry is.
+    task.signature_from_request(request, countdown=DEFER_S).apply_async()
+    logger.warning(
+        "job %s is sent again, due in %s s: the uniqueness store did not answer before "
+        "its run, and an unmarked run could overlap another job (%s)",
+        request.id,
+        DEFER_S,
+        silent,
+    )
+    return Deferred(f"store silent; sent again, due in {DEFER_S} s")
 
 
 def stale(task: Any, holder: str) -> Stale:
@@ -108,7 +174,17 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     task = task if task is not None else sender
     if task is None or getattr(task, "_marks_runs", False):
         return
-    holder = begin(task)
+    try:
+        holder = begin(task)
+    except StoreSilent as silent:
+        logger.warning(
+            "job %s runs unmarked: the uniqueness store did not answer, and task %s cannot "
+            "be stopped before its body (it is not a UniqueTask): %s",
+            task.request.id,
+            task.name,
+            silent,
+        )
+        return
     if holder is not None:
         logger.warning(
             "job %s runs although its key is held by job %s now: task %s cannot be "

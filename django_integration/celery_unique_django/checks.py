@@ -25,6 +25,11 @@ celery_unique.W002  no store configured and the broker is not Redis
 celery_unique.W012  (deploy) the store cannot be reached, fail-open
 ==================  =============================================================
 
+Every check of the library's own catalogue (:mod:`celery_unique.checks`:
+tasks, the lease, the reaper's results; with ``--deploy``, the store's reach,
+its eviction policy and the namespace it shares) runs here too, under its
+own id.
+
 The checks are registered when Django loads the app, and also whenever
 ``celery_unique_django`` code is imported (for E003, which can only fire when
 the app is missing from INSTALLED_APPS).
@@ -41,6 +46,7 @@ from typing import Any
 from celery import Celery
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from celery_unique.checks import Finding, app_findings, store_findings
 from celery_unique.exceptions import UniquenessError
 from celery_unique.stores import STORES
 from celery_unique_django.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
@@ -205,33 +211,28 @@ def _django_store(url: str) -> list[CheckMessage]:
     return []
 
 
+@register(TAG)
+def check_tasks(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """The library's own checks of the app's tasks and settings (it connects to nothing)."""
+    app, _ = _app()
+    if app is None:
+        return []  # check_settings reports E008.
+    # check_settings reports the store's URL (E001) with the Django setting's name.
+    return [_message(each) for each in app_findings(app) if each.id != "celery_unique.E001"]
+
+
 @register(TAG, deploy=True)
 def check_store_reachable(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """(deploy) The configured store answers a ping."""
-    from celery_unique.config import runtime
-
-    app, messages = _app()
+    """(deploy) The configured store answers, keeps its keys, and has the namespace alone."""
+    app, _ = _app()
     reported = check_settings()
     if app is None or any(m.is_serious() or m.id == "celery_unique.W002" for m in reported):
         return []  # The settings are wrong or missing: check_settings says so already.
-    try:
-        runtime(app).store.ping()
-    except Exception as exc:  # Whatever the store raises, it cannot be used.
-        fail_open = bool(app.conf.get("unique_fail_open"))
-        kind = Warning if fail_open else Error
-        consequence = (
-            "unique dispatches are published without uniqueness (fail-open)"
-            if fail_open
-            else "unique dispatches fail with backend_unavailable (fail-closed)"
-        )
-        return [
-            kind(
-                f"the uniqueness store cannot be reached: {exc}",
-                hint=f"while it is down, {consequence}; check "
-                f"{django_name(app, 'unique_backend')} and that the store is running",
-                id="celery_unique.W012" if fail_open else "celery_unique.E012",
-            )
-        ]
-    return messages
+    return [_message(each) for each in store_findings(app)]
+
+
+def _message(finding: Finding) -> CheckMessage:
+    kind = Error if finding.is_error else Warning
+    return kind(finding.message, hint=finding.hint, obj=finding.subject, id=finding.id)

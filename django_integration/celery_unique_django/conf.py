@@ -22,7 +22,13 @@ from django.conf import settings
 from celery_unique.exceptions import ImproperlyConfigured
 
 #: The celery-unique settings, by their name in the Celery configuration.
-SETTINGS = ("unique_backend", "unique_namespace", "unique_fail_open", "unique_lease")
+SETTINGS = (
+    "unique_backend",
+    "unique_namespace",
+    "unique_fail_open",
+    "unique_lease",
+    "unique_strict_checks",
+)
 
 #: The Django setting naming the Celery app, read directly (not through Celery).
 APP_SETTING = "CELERY_UNIQUE_APP"

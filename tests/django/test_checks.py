@@ -188,3 +188,21 @@ def test_every_check_id_is_documented() -> None:
     }
     assert reported
     assert documented == reported
+
+
+def test_manage_py_check_reports_the_librarys_own_checks() -> None:
+    """A task declared with unique_* options but without base=UniqueTask fails ``check``."""
+    app = celery_app()
+
+    @app.task(name="shop.forgot_base", unique_key=lambda job: job.order_id, unique_while="active")
+    def forgot_base(order_id: int) -> None: ...
+
+    try:
+        with pytest.raises(SystemCheckError) as failed:
+            call_command("check", stdout=StringIO(), stderr=StringIO())
+        text = str(failed.value)
+        assert "shop.forgot_base: (celery_unique.E020)" in text
+        assert "base=UniqueTask" in text
+    finally:
+        del app.tasks["shop.forgot_base"]
+    assert [m.id for m in checks.check_tasks()] == []

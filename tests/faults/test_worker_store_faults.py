@@ -11,7 +11,10 @@ producer and the test read the store directly. The tests:
   retried in the background, and frees the key within seconds of the store
   answering again (not after the lease);
 * slow down the store's replies while a job runs longer than its lease: the
-  lease is still renewed and the key stays held.
+  lease is still renewed and the key stays held;
+* deliver a copy of a finished job's message while the worker cannot reach
+  the store and another job holds the key: the copy waits for the store
+  instead of running unmarked beside that job.
 """
 
 from __future__ import annotations
@@ -30,8 +33,17 @@ from tests.conftest import HOST
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 
-from ._apps import Spec
-from .conftest import Worker, eventually, finished, one_key, starts
+from ._apps import KEY_HEADER, Spec
+from .conftest import (
+    Worker,
+    eventually,
+    finished,
+    one_key,
+    producer,
+    queue_length,
+    starts,
+    task_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -140,3 +152,37 @@ def test_slow_store_replies_still_renew_a_long_jobs_lease(
         eventually(lambda: starts(marks, producing), what="the job to start")
         held_throughout(job, first.id, lambda: first.id in finished(marks, producing), 30)
         eventually(lambda: job.holder() is None, 10, "the release")
+
+
+def test_a_copy_delivered_while_the_store_is_silent_waits_for_it(
+    make_spec: Callable[..., Spec],
+    start_worker: Callable[..., Worker],
+    marks: Any,
+    proxy: FaultProxy,
+) -> None:
+    """A finished job's message comes again while a new job runs and the store is silent."""
+    working, producing = worker_spec(make_spec, proxy, lease_s=LONG_LEASE_S)
+    start_worker(working)
+    with one_key(producing, "copied") as job:
+        first = job.dispatch()
+        eventually(lambda: job.holder() is None and first.id in finished(marks, producing))
+        second = job.dispatch(hold_s=5.0)
+        assert second.disposition is Disposition.CREATED
+        eventually(lambda: [second.id] == [s[0] for s in starts(marks, producing)][1:])
+        proxy.refuse(True)
+        proxy.reset_all()
+        # The broker delivers the first job's message again (a publish retried
+        # after a dropped connection, unacknowledged messages restored): a copy
+        # under its id, with its key header.
+        copy = {"v": 1, "a": job.storage_key, "s": "active"}
+        with producer(producing, plain=True) as plain:
+            task_of(plain).apply_async(task_id=first.id, headers={KEY_HEADER: copy})
+        time.sleep(3.0)
+        ran = [job_id for job_id, *_ in starts(marks, producing)]
+        assert ran == [first.id, second.id], "the copy ran unmarked beside the job holding its key"
+        proxy.refuse(False)
+        eventually(lambda: second.id in finished(marks, producing), what="the second job's end")
+        eventually(lambda: job.holder() is None, 20, "the key to be freed")
+        eventually(lambda: queue_length(producing) == 0, 20, "the copy to leave the queue")
+        # Found stale once the store answered, or run after the second job ended.
+        assert [job_id for job_id, *_ in starts(marks, producing)][:2] == [first.id, second.id]

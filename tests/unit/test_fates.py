@@ -14,7 +14,7 @@ from celery_unique import cleanup
 from celery_unique.config import runtime
 from celery_unique.headers import VERSION, KeyHeader
 from celery_unique.keyspace import ACTIVE, storage_key
-from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Verdict
+from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Store, Verdict
 from celery_unique.worker.fates import Fate, Settled
 from tests.polling import eventually
 
@@ -26,23 +26,30 @@ class Message:
         self._state = state
 
 
+def created(app: Celery, name: str) -> tuple[Store, str, str, KeyHeader]:
+    """A job created on an active key ``name``: the store, the job, the key, its header."""
+    store = runtime(app).store
+    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", name)
+    claim = Claim(job, "fates.task", ActiveClaim(key, Scope.ACTIVE, 60_000))
+    assert store.decide([claim])[0].verdict is Verdict.CREATED
+    return store, job, key, {"v": VERSION, "a": key, "s": Scope.ACTIVE.value}
+
+
+def started_run(store: Store, job: str, key: str) -> str:
+    """A run of ``job`` that marked ``key`` (as the pool does before the body)."""
+    run = uuid.uuid4().hex
+    assert store.start_run(job, key, RunStart(run, Scope.ACTIVE, "fates.task", 60_000)) is None
+    return run
+
+
 def test_a_copy_dropped_unrun_after_an_acknowledgement_that_failed_frees_the_key(
     app: Celery,
 ) -> None:
     """Run 1 ends; its ack fails (the broker was away), so its release never goes;
     the broker delivers the message again, revoked meanwhile: dropped unrun. The
     key must be free then, not held by the ended run's mark until the lease."""
-    store = runtime(app).store
-    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", "k")
-    claim = Claim(job, "fates.task", ActiveClaim(key, Scope.ACTIVE, 60_000))
-    assert store.decide([claim])[0].verdict is Verdict.CREATED
-    header: KeyHeader = {"v": VERSION, "a": key, "s": Scope.ACTIVE.value}
-
-    first_run = uuid.uuid4().hex
-    assert (
-        store.start_run(job, key, RunStart(first_run, Scope.ACTIVE, "fates.task", 60_000)) is None
-    )
-    first = Fate(app, job, header, Message("RECEIVED"), run=first_run)
+    store, job, key, header = created(app, "k")
+    first = Fate(app, job, header, Message("RECEIVED"), run=started_run(store, job, key))
     first.started()
     first.run_ended(pid=None, cut_short=False, continued=False)
     first.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it never happened
@@ -53,3 +60,17 @@ def test_a_copy_dropped_unrun_after_an_acknowledgement_that_failed_frees_the_key
         eventually(lambda: store.get(key) is None, 5, "the key to be freed")
     finally:
         cleanup.discard(store)  # the first release, which waits for an ack that never came
+
+
+def test_a_retry_dropped_before_its_attempt_was_reported_frees_the_key(app: Celery) -> None:
+    """Attempt 1 retries; the next attempt, revoked meanwhile, reaches the main process
+    (and is dropped unrun) before the pool reports attempt 1. The drop's release must
+    not be spent against attempt 1's mark, which attempt 1's end clears only later."""
+    store, job, key, header = created(app, "retried")
+    first = Fate(app, job, header, Message("ACK"), run=started_run(store, job, key))
+    first.started()
+    retried = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    retried.message_settled(Settled.FORGOTTEN)  # revoked: acknowledged without running
+    first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
+    first.message_settled(Settled.FORGOTTEN)
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")

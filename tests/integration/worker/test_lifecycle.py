@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 import redis
+from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Celery, signals
 from celery.exceptions import MaxRetriesExceededError, Reject
 from celery.worker import WorkController
 
 from celery_unique import Disposition, DuplicateMatch, UniqueTask
+from celery_unique.publishing import install_gate
 from celery_unique.stores.redis import RedisStore
+from celery_unique.worker.step import follow_fates
 
 from .conftest import active_key, eventually
 
@@ -252,3 +255,60 @@ def test_unknown_task_releases(
     job = hold.delay("u1")
     expect_held_by(store, key, job.id)
     eventually(lambda: store.get(key) is None, what="release of an unknown task's key")
+
+
+def test_an_error_after_the_replacement_left_keeps_the_key_for_it(
+    celery_app: Celery,
+    celery_worker: WorkController,
+    store: RedisStore,
+    redis_client: Any,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A soft time limit striking as replace()'s send returns: the replacement carries the job."""
+    gates = redis.Redis.from_url(redis_url)
+
+    @celery_app.task(name="lifecycle.replacement")
+    def replacement(tag: str) -> str:
+        gates.set(f"running:{tag}:replacement", 1)
+        deadline = time.monotonic() + 20
+        while not gates.exists(f"go:{tag}:replacement") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return tag
+
+    @celery_app.task(
+        base=UniqueTask,
+        bind=True,
+        name="lifecycle.replaced",
+        unique_key=lambda job: f"tag:{job.tag}",
+        unique_while="active",
+    )
+    def replaced(self: Any, tag: str) -> None:
+        # Due a second later: the replaced run's end reaches the store first.
+        raise self.replace(replacement.s(tag).set(countdown=1.5))
+
+    # A task defined after the worker started gets its fate-following request
+    # class when the consumer rebuilds its strategies, which reload() skips.
+    follow_fates(celery_app)
+    celery_worker.reload()
+    install_gate(celery_app)  # the limit strikes past the gate, as the send returns
+    send = celery_app.amqp.send_task_message
+
+    def struck_after_send(producer: Any, name: str, message: Any, **options: Any) -> Any:
+        sent = send(producer, name, message, **options)
+        if name == replacement.name:
+            raise SoftTimeLimitExceeded()
+        return sent
+
+    monkeypatch.setattr(celery_app.amqp, "send_task_message", struck_after_send)
+    key = active_key(replaced.name, "tag:r1")
+
+    first = replaced.delay("r1")
+    time.sleep(0.8)
+    assert not gates.exists("running:r1:replacement")
+    again = replaced.delay("r1")
+    assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
+    eventually(lambda: gates.exists("running:r1:replacement"), what="the replacement to run")
+    expect_held_by(store, key, first.id)
+    gates.set("go:r1:replacement", 1)
+    eventually(lambda: store.get(key) is None, what="the release at the replacement's end")

@@ -1,0 +1,135 @@
+"""Every check: its id, its severity, what it finds and how to fix it (the docs' table)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from celery_unique.stores import STORES
+
+
+class Level(enum.Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    level: Level
+    finds: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One misconfiguration found: which check, about what, and what to do."""
+
+    id: str
+    level: Level
+    #: The task, setting or worker it is about.
+    subject: str
+    message: str
+    hint: str
+
+    @property
+    def is_error(self) -> bool:
+        return self.level is Level.ERROR
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "level": self.level.value,
+            "subject": self.subject,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+def _checks(*checks: Check) -> dict[str, Check]:
+    return {check.id: check for check in checks}
+
+
+E, W = Level.ERROR, Level.WARNING
+
+#: The checks every entry point runs (Django adds its own E002-E011, W001, W002).
+CATALOGUE = _checks(
+    Check(
+        "celery_unique.E001",
+        E,
+        "`unique_backend` is not a store URL with a known scheme",
+        "use a URL of a known scheme: " + ", ".join(f"`{scheme}://`" for scheme in STORES),
+    ),
+    Check(
+        "celery_unique.E012",
+        E,
+        "the store cannot be reached (fail-closed: unique dispatches fail)",
+        "start the store or correct `unique_backend` (the URL is shown, password masked)",
+    ),
+    Check(
+        "celery_unique.W012",
+        W,
+        "the store cannot be reached (fail-open: dispatches go out without uniqueness)",
+        "start the store or correct `unique_backend`",
+    ),
+    Check(
+        "celery_unique.E020",
+        E,
+        "a task has `unique_*` options but is not a `UniqueTask`: Celery keeps unknown "
+        "options as attributes and every dispatch publishes",
+        "declare it with `base=UniqueTask` (or mix `UniqueMixin` into its class), or set "
+        "`task_cls` on the app",
+    ),
+    Check(
+        "celery_unique.W021",
+        W,
+        "`unique_lease` is shorter than the broker's redelivery window (`visibility_timeout` "
+        "on Redis and SQS, one hour by default): the key of a job whose worker was lost "
+        "can lapse before the job is delivered again, and a new job takes it",
+        "raise `unique_lease` to at least the `visibility_timeout`, or lower the timeout",
+    ),
+    Check(
+        "celery_unique.W022",
+        W,
+        "an `exists` task keeps its key longer than Celery keeps results (`result_expires`): "
+        "the reaper cannot tell whether an old job finished",
+        "keep `unique_retention` at most `result_expires`, or keep results longer",
+    ),
+    Check(
+        "celery_unique.W023",
+        W,
+        "a task with an `active` or `exists` key stores no result (`ignore_result`, or the "
+        "app has no result backend): the reaper cannot free keys whose release was lost, "
+        "they wait for the lease",
+        "configure a result backend and let the task store its state, or accept the lease "
+        "as the bound",
+    ),
+    Check(
+        "celery_unique.W025",
+        W,
+        "another app uses the same key namespace on the same store: equal task names and "
+        "shared keys would collide",
+        "give each app its own `unique_namespace`",
+    ),
+    Check(
+        "celery_unique.E026",
+        E,
+        "the Redis store may evict keys (`maxmemory` with an evicting `maxmemory-policy`): "
+        "an evicted active key admits a duplicate, an evicted window key forgets a request",
+        "set `maxmemory-policy noeviction` on the store (or use a Redis of its own for it)",
+    ),
+    Check(
+        "celery_unique.W027",
+        W,
+        "a running worker answers without the plugin (a mixed fleet): jobs it runs keep "
+        "their keys until the lease",
+        "deploy the same code, with celery-unique, to every worker of the app",
+    ),
+)
+
+
+def finding(check_id: str, subject: str, message: str, hint: str | None = None) -> Finding:
+    """A finding of the catalogue's check ``check_id``; its fix is the hint unless given."""
+    check = CATALOGUE[check_id]
+    return Finding(check_id, check.level, subject, message, hint or check.fix.replace("`", ""))

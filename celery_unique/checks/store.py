@@ -1,0 +1,95 @@
+"""Checks that ask the store: can it be reached, can it lose keys, who else uses the namespace."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from celery_unique.checks.app import backend_url, masked
+from celery_unique.checks.catalogue import Finding, finding
+from celery_unique.config import runtime
+
+logger = logging.getLogger("celery_unique")
+
+#: How long an app's entry in the namespace registry counts without being renewed.
+REGISTRY_KEEP_MS = 7 * 24 * 3600 * 1000
+_EVICTION_FREE = ("noeviction", "")
+
+
+def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
+    """Findings that need the store; none when the app's own checks found no usable store."""
+    url = backend_url(app)
+    if url is None or any(each.id == "celery_unique.E001" for each in earlier):
+        return []
+    rt = runtime(app)
+    try:
+        store = rt.store
+        store.ping()
+    except Exception as exc:  # Whatever it raises, the store cannot be used.
+        fail_open = rt.fail_open
+        consequence = (
+            "unique dispatches are published without uniqueness (fail-open)"
+            if fail_open
+            else "unique dispatches fail with backend_unavailable (fail-closed)"
+        )
+        return [
+            finding(
+                "celery_unique.W012" if fail_open else "celery_unique.E012",
+                "unique_backend",
+                f"the uniqueness store {masked(url)} cannot be reached: {exc}",
+                f"while it is down, {consequence}; start the store or correct unique_backend",
+            )
+        ]
+    return _eviction(store, url) + _shared_namespace(app, store, rt.namespace)
+
+
+def _eviction(store: Any, url: str) -> list[Finding]:
+    limits = store.eviction()
+    if limits is None:
+        return []
+    maxmemory, policy = limits
+    if maxmemory <= 0 or policy in _EVICTION_FREE:
+        return []
+    what = (
+        "any key"
+        if policy.startswith("allkeys")
+        else "keys with an expiry, which every held key has while a lease or window runs"
+    )
+    return [
+        finding(
+            "celery_unique.E026",
+            "unique_backend",
+            f"the uniqueness store {masked(url)} has maxmemory {maxmemory} bytes and "
+            f"maxmemory-policy {policy}: when full it evicts {what}, and an evicted key "
+            "admits a duplicate",
+        )
+    ]
+
+
+def _shared_namespace(app: Any, store: Any, namespace: str) -> list[Finding]:
+    from celery_unique.task import UniqueMixin
+
+    tasks = sorted(name for name, task in app.tasks.items() if isinstance(task, UniqueMixin))
+    me = str(app.main or "celery")
+    apps = store.register_app(namespace, me, tasks, REGISTRY_KEEP_MS)
+    if apps is None:
+        return []  # This store keeps no registry.
+    mine = set(tasks)
+    others = sorted(
+        name
+        for name, theirs in apps.items()
+        if name != me and (not mine or not theirs or set(theirs) != mine)
+    )
+    if not others:
+        return []
+    return [
+        finding(
+            "celery_unique.W025",
+            "unique_namespace",
+            f"the key namespace {namespace!r} on this store is also used by "
+            f"{', '.join(repr(other) for other in others)}, with other tasks: their keys "
+            f"and {me!r}'s share one space",
+            f"give each app its own unique_namespace (now {namespace!r})",
+        )
+    ]
