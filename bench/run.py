@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -353,6 +354,26 @@ def measure_hashing(rounds: int) -> dict[str, Any]:
     }
 
 
+#: The concurrency rows: mode, producers.
+CONCURRENCY = (("threads", 8), ("gevent", 200))
+
+
+def measure_concurrency(base_url: str, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
+    """Each mode run by ``bench/concurrency.py`` in a process of its own (gevent patches it)."""
+    script = Path(__file__).resolve().parent / "concurrency.py"
+    out: dict[str, Any] = {}
+    for mode, workers in CONCURRENCY:
+        say(f"concurrency: {workers} {mode}")
+        command = [sys.executable, str(script), "--mode", mode, "--workers", str(workers)]
+        command += ["--redis", base_url, *(["--quick"] if quick else [])]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            out[mode] = {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+            continue
+        out[mode] = json.loads(done.stdout)
+    return out
+
+
 def verdicts(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     """Each §16 target with what was measured and whether it is met (None: not measured)."""
     rows = report["rows"]
@@ -384,6 +405,21 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     else:
         note = batch.get("error", "not available")
         out += [(f"dispatch_many(1000): {what}", note, None) for what in ("round trips", "3x")]
+    for mode, workers in CONCURRENCY:
+        measured = report["concurrency"].get(mode, {})
+        what = f"{workers} {mode}: created >= 0.85x plain, ahead of celery-once and -singleton"
+        if "rows" not in measured:
+            out.append((what, str(measured.get("error", "not measured")), None))
+            continue
+        cells = measured["rows"]
+        mine = cells["selector"]
+        peers = [cells[key] for key in ("once", "singleton")]
+        out.append(
+            (what, f"{mine['ratio']:.2f}x; {mine['per_s']:,.0f} vs "
+             + " and ".join(f"{peer['per_s']:,.0f}" for peer in peers) + " /s",
+             mine["ratio"] >= 0.85 and mine["failed"] == 0
+             and all(mine["per_s"] > peer["per_s"] for peer in peers))
+        )  # fmt: skip
     flat = latency["full"]["median_us"] / latency["empty"]["median_us"]
     out.append(
         ("hashing 1 MiB: Payload().key <= 2x json.dumps+sha256", f"{hashing['ratio']:.2f}x",
@@ -462,6 +498,20 @@ def print_report(report: dict[str, Any]) -> None:
             f"{mem['used_memory_per_key']:.0f} B/key over {mem['keys_loaded']:,} keys "
             f"(key {mem['key_bytes']} B, value {mem['value_bytes']} B)"
         )
+    for mode, measured in report["concurrency"].items():
+        if "rows" not in measured:
+            print(f"concurrency ({mode}): failed: {measured.get('error')}")
+            continue
+        print(
+            f"concurrency, {measured['workers']} {mode} producers, {measured['dispatches']:,} "
+            f"dispatches per row x {measured['rounds']} rounds: "
+            + "; ".join(
+                f"{cell['label']} {cell['per_s']:,.0f}/s ({cell['ratio']:.2f}x"
+                + (f", {cell['failed']} failed" if cell["failed"] else "")
+                + ")"
+                for cell in measured["rows"].values()
+            )
+        )
     h = report["hashing"]
     print(
         f"hashing {h['payload_bytes']:,} B payload: Payload().key {h['payload_key_ms']:.1f} ms vs "
@@ -507,6 +557,7 @@ def main() -> None:
     latency = measure_latency(bench, full, options.redis, profile, say)
     say("hashing")
     hashed = measure_hashing(profile.hash_rounds)
+    concurrency = measure_concurrency(options.redis, options.quick, say)
     for client in (bench.broker, bench.store, full.store):
         client.flushdb()
     report: dict[str, Any] = {
@@ -533,6 +584,7 @@ def main() -> None:
         "memory": memory,
         "latency": latency,
         "hashing": hashed,
+        "concurrency": concurrency,
         "load_average_end": [round(x, 2) for x in __import__("os").getloadavg()],
         "seconds": time.perf_counter() - started,
     }

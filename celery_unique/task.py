@@ -133,8 +133,9 @@ class UniqueMixin(_MixinBase):
                 headers = dict(carrier.options.get("headers") or {})
                 headers[HEADER] = {**header, "j": job_id}
                 carrier.options["headers"] = headers
+        eager = self.request.is_eager
+        undo = None if eager else runs.hand_over(self)
         with resend.counting_sends() as sent:
-            eager = self.request.is_eager
             try:
                 with nullcontext() if eager else soft_limit_held_back():
                     return super().on_replace(sig)
@@ -143,6 +144,8 @@ class UniqueMixin(_MixinBase):
                 raise Replaced(*ended.args) from None
             except Exception as exc:
                 if not sent or eager:
+                    if undo is not None:
+                        undo()
                     raise
                 # A time limit (say) struck once the replacement had left: it
                 # carries the job on whatever follows here. Failing the job now

@@ -15,6 +15,9 @@ from dataclasses import dataclass, replace
 
 from celery_unique.stores.base import (
     GOES_ON,
+    HAND_OVER_UNDONE,
+    HANDED_OVER_MARK,
+    HANDING_OVER,
     RUNNING,
     Claim,
     Decision,
@@ -192,19 +195,32 @@ def _hands_off(claim: Claim, held: Record | None) -> bool:
 
 def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Change:
     """End ``job_id``'s hold: delete (``keep_ms=0``) or keep it finished for ``keep_ms``;
-    with :data:`GOES_ON`, only end the run ``run``; with :data:`RUNNING`, only mark it."""
+    with :data:`GOES_ON`, only end the run ``run``; with :data:`RUNNING`, only mark it;
+    with :data:`HANDING_OVER`, mark it as the run that handed the job over."""
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or record.job_id != job_id:
             return UNCHANGED
         if record.kind is not KeyKind.ACTIVE:
             return UNCHANGED  # Window keys are forgotten only by time.
+        handed_by = HANDED_OVER_MARK + run if run else None
+        if keep_ms in (HANDING_OVER, HAND_OVER_UNDONE):
+            before, after = (run, handed_by) if keep_ms == HANDING_OVER else (handed_by, run)
+            if run is None or record.run != before:
+                return UNCHANGED
+            return replace(record, run=after)
         if keep_ms == RUNNING:
-            if record.finished or record.run == run:
+            if record.finished or record.run in (run, handed_by):
                 return UNCHANGED
             return replace(record, run=run)
-        if record.run is not None and record.run != run:
-            return UNCHANGED  # Another delivery of the job runs now: the key is its.
+        if (
+            record.run is not None
+            and record.run != run
+            and (record.run == handed_by or not record.run.startswith(HANDED_OVER_MARK))
+        ):
+            # Another delivery of the job runs now, or this one handed the job over
+            # to a replacement: the key is theirs.
+            return UNCHANGED
         if keep_ms == GOES_ON:
             return UNCHANGED if record.run is None else replace(record, run=None)
         if keep_ms == 0:

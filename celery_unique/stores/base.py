@@ -121,6 +121,16 @@ GOES_ON = -1
 #: ``Release.keep_ms`` of a run that started: the key the job holds gets the
 #: run's mark (nothing else changes; a key the job does not hold is left alone).
 RUNNING = -2
+#: ``Release.keep_ms`` of a run about to hand its job over to a replacement:
+#: the key stays, marked as handed over by the run. A release that names the
+#: run (a time limit that struck after the replacement left, say) leaves it
+#: alone; the replacement's start takes the key as the job's next run.
+HANDING_OVER = -3
+#: ``Release.keep_ms`` that undoes :data:`HANDING_OVER` (no replacement was sent):
+#: the key is marked by the run again.
+HAND_OVER_UNDONE = -4
+#: How a key handed over by run ``r`` is marked: ``HANDED_OVER_MARK + r``.
+HANDED_OVER_MARK = "^"
 
 
 class Release(NamedTuple):
@@ -130,7 +140,8 @@ class Release(NamedTuple):
     key: str
     #: 0 deletes the key; ``n`` keeps it (finished) ``n`` ms; ``None`` keeps it for
     #: ever; :data:`GOES_ON` keeps it as it is and only ends the run;
-    #: :data:`RUNNING` only marks the run.
+    #: :data:`RUNNING` only marks the run; :data:`HANDING_OVER` marks it handed
+    #: over, :data:`HAND_OVER_UNDONE` marks it the run's again.
     keep_ms: int | None = 0
     #: The delivery whose run ended (see :meth:`Store.start_run`); ``None`` when the
     #: message never ran. Either way the key is left alone while another delivery

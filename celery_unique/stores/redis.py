@@ -21,6 +21,9 @@ from celery_unique.keyspace import PREFIX, split_storage_key
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     GOES_ON,
+    HAND_OVER_UNDONE,
+    HANDED_OVER_MARK,
+    HANDING_OVER,
     RUNNING,
     Claim,
     DecidedAlready,
@@ -46,8 +49,16 @@ _SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
 SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
 _US = "\x1f"
 #: How release.lua spells the keeps that release nothing.
-_SPECIAL_KEEPS = {GOES_ON: "-", RUNNING: "+"}
+_SPECIAL_KEEPS = {
+    GOES_ON: "-",
+    RUNNING: "+",
+    HANDING_OVER: HANDED_OVER_MARK,
+    HAND_OVER_UNDONE: "v",
+}
 _RS = "\x1e"
+#: Connections a store's pool opens at most (``?max_connections=`` in the URL overrides it).
+POOL_CONNECTIONS = 100
+
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
@@ -157,7 +168,18 @@ class RedisStore(Store):
             return cls(RedisCluster.from_url(f"{scheme[: -len('+cluster')]}://{rest}", **options))
         if scheme.endswith("+sentinel"):
             return cls(sentinel(url, options))
-        return cls(redis.Redis.from_url(url, health_check_interval=30, **options))
+        # redis-py's pool refuses a connection past its cap (100 by default since
+        # redis-py 8) at once, with an error: 200 greenlets dispatching together
+        # would see the store as down. Past the cap, a dispatch waits for a free
+        # connection instead, as long as it would wait for a reply.
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_CONNECTIONS,
+            timeout=options["socket_timeout"],
+            health_check_interval=30,
+            **options,
+        )
+        return cls(redis.Redis(connection_pool=pool))
 
     @contextlib.contextmanager
     def _commands(self) -> Iterator[None]:

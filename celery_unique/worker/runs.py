@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -47,7 +48,14 @@ from celery.exceptions import Ignore
 from celery_unique.config import runtime
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.headers import KeyHeader, read_header
-from celery_unique.stores.base import RunStart, Scope, Store
+from celery_unique.stores.base import (
+    HAND_OVER_UNDONE,
+    HANDING_OVER,
+    Release,
+    RunStart,
+    Scope,
+    Store,
+)
 
 logger = logging.getLogger("celery_unique")
 
@@ -152,6 +160,42 @@ def defer(task: Any, silent: StoreSilent) -> Deferred:
         silent,
     )
     return Deferred(f"store silent; sent again, due in {DEFER_S} s")
+
+
+def hand_over(task: Any) -> Callable[[], None] | None:
+    """Mark the key of the run ``task`` is in as handed over to a replacement (pool).
+
+    Done before the replacement is sent: whatever ends this run after that (a
+    hard time limit while the send waits on the broker), its release leaves the
+    key to the replacement. Returns what undoes the mark if nothing is sent;
+    ``None`` when there is no mark to make or the store did not take it.
+    """
+    request = task.request
+    run = getattr(request, RUN_FIELD, None)
+    header = read_header(request)
+    key = header.get("a") if header else None
+    if not run or not key or request.is_eager:
+        return None
+    store = runtime(task.app).store
+    try:
+        [marked] = store.release_many([Release(request.id, key, HANDING_OVER, run)])
+    except BackendUnavailable as exc:
+        logger.warning(
+            "job %s is replaced without its key marked as handed over: %s", request.id, exc
+        )
+        return None
+    if not marked:
+        return None
+
+    def undo() -> None:
+        try:
+            store.release_many([Release(request.id, key, HAND_OVER_UNDONE, run)])
+        except BackendUnavailable:
+            logger.warning(
+                "job %s: its key stays marked as handed over until the lease", request.id
+            )
+
+    return undo
 
 
 def stale(task: Any, holder: str) -> Stale:

@@ -6,6 +6,8 @@ import time
 
 from celery_unique.stores.base import (
     GOES_ON,
+    HAND_OVER_UNDONE,
+    HANDING_OVER,
     RUNNING,
     ActiveClaim,
     Claim,
@@ -521,6 +523,47 @@ def test_a_job_that_handed_its_key_over_runs_on_without_it(store: Store) -> None
     assert held is not None
     assert (held.job_id, held.run) == ("j2", None)
     assert start(store, "j3", "r3") == "j2"
+
+
+def test_a_key_handed_over_to_a_replacement_outlives_the_replaced_run(store: Store) -> None:
+    """replace(): the run marks the key handed over before sending the replacement;
+    whatever ends that run then (a hard time limit) leaves the key to the replacement."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    start(store, "j1", "r1")
+    assert store.release_many([Release("j1", A, HANDING_OVER, "r2")]) == [False]
+    assert store.release_many([Release("j1", A, HANDING_OVER, "r1")]) == [True]
+    late = [
+        Release("j1", A, RUNNING, "r1"),
+        Release("j1", A, GOES_ON, "r1"),
+        Release("j1", A, 0, "r1"),
+    ]
+    assert store.release_many(late) == [False, False, False]
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("j1", "^r1")
+    # The replacement starts as the job's next run, and its end frees the key.
+    assert start(store, "j1", "r2") is None
+    assert store.release_many([Release("j1", A, 0, "r2")]) == [True]
+    assert store.get(A) is None
+
+
+def test_a_replacement_dropped_unrun_frees_a_handed_over_key(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    start(store, "j1", "r1")
+    store.release_many([Release("j1", A, HANDING_OVER, "r1")])
+    assert store.release_many([Release("j1", A, 0, None)]) == [True]  # revoked, never ran
+    assert store.get(A) is None
+
+
+def test_a_hand_over_undone_gives_the_key_back_to_the_run(store: Store) -> None:
+    """No replacement was sent: the run's own end frees the key again."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    start(store, "j1", "r1")
+    store.release_many([Release("j1", A, HANDING_OVER, "r1")])
+    assert store.release_many([Release("j1", A, HAND_OVER_UNDONE, "r2")]) == [False]
+    assert store.release_many([Release("j1", A, HAND_OVER_UNDONE, "r1")]) == [True]
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [True]
+    assert store.get(A) is None
 
 
 def test_a_run_keeps_the_key_until_its_own_release(store: Store) -> None:

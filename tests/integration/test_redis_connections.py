@@ -9,6 +9,8 @@ the connection, another thread, a forked child, and ``close()``.
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -143,6 +145,51 @@ def test_green_threads_decide_through_the_pool(
         assert (again.verdict, again.job_id) == (Verdict.REUSED_ACTIVE, first.job_id)
     finally:
         green.close()
+
+
+#: 300 greenlets decide at once on one store, each on a key of its own.
+GREEN_BURST = """
+from gevent import monkey
+
+monkey.patch_all()
+
+import sys
+import uuid
+
+import gevent
+
+from celery_unique.stores.base import ActiveClaim, Claim, Scope, Verdict
+from celery_unique.stores.redis import RedisStore
+
+store = RedisStore.from_url(sys.argv[1])
+prefix = uuid.uuid4().hex
+
+
+def decide(n):
+    key = "unique:v1:{conn}:a:conn.task\x1f" + prefix + str(n)
+    claim = Claim(str(uuid.uuid4()), "conn.task", ActiveClaim(key, Scope.QUEUED, 60_000))
+    return store.decide([claim])[0].verdict
+
+
+jobs = [gevent.spawn(decide, n) for n in range(300)]
+gevent.joinall(jobs)
+failed = [repr(job.exception) for job in jobs if job.exception is not None]
+created = sum(job.value is Verdict.CREATED for job in jobs)
+print(created, len(failed), failed[:1])
+"""
+
+
+def test_greenlets_past_the_pools_cap_wait_for_a_connection(redis_url: str) -> None:
+    """300 greenlets at once: each decision waits for a pooled connection, none fails."""
+    done = subprocess.run(
+        [sys.executable, "-c", GREEN_BURST, redis_url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:2] == ["300", "0"], done.stdout
 
 
 class Interrupted(Exception):

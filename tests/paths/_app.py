@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from celery import Celery, Task, chain
+from celery import Celery, Task, chain, signals
 from celery.exceptions import Ignore, Reject
 from kombu import Exchange, Queue
 
@@ -173,6 +173,22 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         key = self.request.kwargs["key"]
         return self.replace(chain(step_plain.s(key), step_plain.si(key)))
 
+    tail_sent_slowly = task("tail_sent_slowly", work, base=Task)
+
+    def replace_then_cut(self: Any, run: int) -> Any:
+        # Due after the hard time limit: the replacement has not started when
+        # the worker learns that the replaced run was cut short.
+        later = tail_sent_slowly.s(self.request.kwargs["key"]).set(countdown=SLOW_S)
+        return self.replace(later)
+
+    def hang_once_sent(sender: Any = None, **_: Any) -> None:
+        # The replacement has left; the pool child now hangs until its hard time
+        # limit kills it, before replace() could end the run as replaced.
+        if sender == tail_sent_slowly.name:
+            time.sleep(HANG_S)
+
+    signals.after_task_publish.connect(hang_once_sent, weak=False)
+
     task("success", work)
     task("failure", fail)
     task("fail_after_retry", fail_after_retry)
@@ -184,6 +200,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_unique", replace_unique)
     task("replace_plain", replace_plain)
     task("replace_chain", replace_chain)
+    task("replace_hard_limit", replace_then_cut, time_limit=1)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

@@ -95,6 +95,13 @@ PATHS = (
     Path_("replace_plain", "`replace()` by a plain task", 2),
     Path_("replace_chain", "`replace()` by a chain (the job id goes to its last task)", 2),
     Path_(
+        "replace_hard_limit",
+        "`replace()` by a plain task, hard time limit once the replacement was sent",
+        2,
+        prefork_only=True,
+        cut_after_s=1,
+    ),
+    Path_(
         "revoke_waiting", "revoked while waiting for its countdown", 0, "revoke", {"countdown": 2}
     ),
     Path_(

@@ -4,9 +4,11 @@
 -- ARGV[3i - 2]: job id that must still hold KEYS[i]
 -- ARGV[3i - 1]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
 --               n keep n ms; "-" keep as it is (the job goes on), only end the run;
---               "+" only mark the run (it started)
+--               "+" only mark the run (it started); "^" mark the run as handing the
+--               job over to a replacement ("^" .. run); "v" undo "^" (nothing was sent)
 -- ARGV[3i]: the delivery whose run ended ("" the message never ran); a key that
---           another delivery of the job is running under is left alone
+--           another delivery of the job is running under, or that this delivery
+--           handed over, is left alone
 -- Returns: one string, a character per key: "1" if the key was held by the job and
 --   changed, else "0".
 
@@ -15,13 +17,23 @@ for i, key in ipairs(KEYS) do
   local job, keep, run = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   local r = decode(redis.call("GET", key))
   local done = "0"
-  if keep == "+" then
-    if r and r.job == job and r.kind ~= "w" and r.finished ~= "1" and r.run ~= run then
+  local mine = r and r.job == job and r.kind ~= "w"
+  local handed = mine and string.sub(r.run, 1, 1) == "^"
+  if keep == "^" or keep == "v" then
+    local from, to = run, "^" .. run
+    if keep == "v" then from, to = to, from end
+    if mine and r.run == from and run ~= "" then
+      r.run = to
+      redis.call("SET", key, encode(r), "KEEPTTL")
+      done = "1"
+    end
+  elseif keep == "+" then
+    if mine and r.finished ~= "1" and r.run ~= run and r.run ~= "^" .. run then
       r.run = run
       redis.call("SET", key, encode(r), "KEEPTTL")
       done = "1"
     end
-  elseif r and r.job == job and r.kind ~= "w" and (r.run == "" or r.run == run) then
+  elseif mine and (r.run == "" or r.run == run or (handed and r.run ~= "^" .. run)) then
     if keep == "-" then
       if r.run ~= "" then
         r.run = ""
