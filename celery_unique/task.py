@@ -17,6 +17,7 @@ from celery_unique.dispatch import apply_unique
 from celery_unique.explain import Explanation, explain
 from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
+from celery_unique.publishing import install_gate
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
@@ -134,6 +135,9 @@ class UniqueMixin(_MixinBase):
                 headers[HEADER] = {**header, "j": job_id}
                 carrier.options["headers"] = headers
         eager = self.request.is_eager
+        # The gate counts what leaves; a pool child that never dispatched a
+        # unique job has not installed it yet.
+        install_gate(self.app)
         undo = None if eager else runs.hand_over(self)
         with resend.counting_sends() as sent:
             try:

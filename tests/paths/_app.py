@@ -181,11 +181,20 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         later = tail_sent_slowly.s(self.request.kwargs["key"]).set(countdown=SLOW_S)
         return self.replace(later)
 
+    tail_sent_late = task("tail_sent_late", work, base=Task)
+
+    def replace_then_limit(self: Any, run: int) -> Any:
+        later = tail_sent_late.s(self.request.kwargs["key"]).set(countdown=SLOW_S)
+        return self.replace(later)
+
     def hang_once_sent(sender: Any = None, **_: Any) -> None:
         # The replacement has left; the pool child now hangs until its hard time
         # limit kills it, before replace() could end the run as replaced.
         if sender == tail_sent_slowly.name:
             time.sleep(HANG_S)
+        # Past its soft time limit, which strikes as replace() ends.
+        if sender == tail_sent_late.name:
+            time.sleep(1.0)
 
     signals.after_task_publish.connect(hang_once_sent, weak=False)
 
@@ -201,6 +210,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_plain", replace_plain)
     task("replace_chain", replace_chain)
     task("replace_hard_limit", replace_then_cut, time_limit=1)
+    task("replace_soft_limit", replace_then_limit, soft_time_limit=0.5)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

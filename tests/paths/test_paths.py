@@ -95,6 +95,12 @@ PATHS = (
     Path_("replace_plain", "`replace()` by a plain task", 2),
     Path_("replace_chain", "`replace()` by a chain (the job id goes to its last task)", 2),
     Path_(
+        "replace_soft_limit",
+        "`replace()` by a plain task, soft time limit once the replacement was sent",
+        2,
+        prefork_only=True,
+    ),
+    Path_(
         "replace_hard_limit",
         "`replace()` by a plain task, hard time limit once the replacement was sent",
         2,
