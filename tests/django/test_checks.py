@@ -194,7 +194,12 @@ def test_manage_py_check_reports_the_librarys_own_checks() -> None:
     """A task declared with unique_* options but without base=UniqueTask fails ``check``."""
     app = celery_app()
 
-    @app.task(name="shop.forgot_base", unique_key=lambda job: job.order_id, unique_while="active")
+    @app.task(
+        name="shop.forgot_base",
+        shared=False,
+        unique_key=lambda job: job.order_id,
+        unique_while="active",
+    )
     def forgot_base(order_id: int) -> None: ...
 
     try:
