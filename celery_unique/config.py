@@ -99,13 +99,22 @@ def _build(app: Celery) -> Runtime:
     )
 
 
-def _backend_url(app: Celery) -> str:
+def configured_backend_url(app: Celery) -> str | None:
+    """The store's URL as the app will open it: ``unique_backend``, else a Redis broker's;
+    ``None`` when there is neither."""
     url = setting(app, "unique_backend")
     if url:
         return str(url)
     broker = app.conf.broker_url or ""
     if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
         return broker
+    return None
+
+
+def _backend_url(app: Celery) -> str:
+    url = configured_backend_url(app)
+    if url is not None:
+        return url
     raise ImproperlyConfigured(
         "celery-unique has no store: set the Celery setting unique_backend "
         "(CELERY_UNIQUE_BACKEND in Django), e.g. 'redis://localhost:6379/0' or "

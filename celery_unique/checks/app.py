@@ -7,10 +7,10 @@ from typing import Any
 from kombu.utils.url import maybe_sanitize_url
 
 from celery_unique.checks.catalogue import Finding, finding
-from celery_unique.config import setting
+from celery_unique.config import configured_backend_url, setting
 from celery_unique.declaration import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
-from celery_unique.stores import STORES
+from celery_unique.stores import STORES, scheme_of
 from celery_unique.stores.base import Scope
 
 #: Transports that deliver an unacknowledged message again after ``visibility_timeout``.
@@ -36,27 +36,12 @@ def app_findings(app: Any) -> list[Finding]:
     return findings
 
 
-def backend_url(app: Any) -> str | None:
-    """The store's URL as the app will open it; ``None`` when it has none."""
-    url = setting(app, "unique_backend")
-    if url:
-        return str(url)
-    broker = app.conf.broker_url or ""
-    if isinstance(broker, str) and _scheme(broker) in ("redis", "rediss"):
-        return broker
-    return None
-
-
 def masked(url: str) -> str:
     return str(maybe_sanitize_url(url))
 
 
-def _scheme(url: str) -> str:
-    return url.split("://", 1)[0].lower() if "://" in url else ""
-
-
 def _backend(app: Any) -> list[Finding]:
-    url = backend_url(app)
+    url = configured_backend_url(app)
     if url is None:
         return [
             finding(
@@ -66,7 +51,7 @@ def _backend(app: Any) -> list[Finding]:
                 "dispatch fails",
             )
         ]
-    if _scheme(url) not in STORES:
+    if scheme_of(url) not in STORES:
         return [
             finding(
                 "celery_unique.E001",
@@ -120,7 +105,7 @@ def _duration_ms(app: Any, name: str, value: object) -> int | None:
 
 def _lease_shorter_than_redelivery(app: Any) -> list[Finding]:
     broker = app.conf.broker_url or ""
-    if not isinstance(broker, str) or _scheme(broker).split("+")[0] not in _VISIBILITY_TRANSPORTS:
+    if not isinstance(broker, str) or scheme_of(broker).split("+")[0] not in _VISIBILITY_TRANSPORTS:
         return []
     lease_ms = _duration_ms(app, "unique_lease", setting(app, "unique_lease"))
     if not lease_ms:

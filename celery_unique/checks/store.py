@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
-from celery_unique.checks.app import backend_url, masked
+from celery_unique.checks.app import masked
 from celery_unique.checks.catalogue import Finding, finding
-from celery_unique.config import runtime
-
-logger = logging.getLogger("celery_unique")
+from celery_unique.config import configured_backend_url, runtime
 
 #: How long an app's entry in the namespace registry counts without being renewed.
 REGISTRY_KEEP_MS = 7 * 24 * 3600 * 1000
@@ -19,7 +16,7 @@ _EVICTION_FREE = ("noeviction", "")
 
 def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
     """Findings that need the store; none when the app's own checks found no usable store."""
-    url = backend_url(app)
+    url = configured_backend_url(app)
     if url is None or any(each.id == "celery_unique.E001" for each in earlier):
         return []
     rt = runtime(app)

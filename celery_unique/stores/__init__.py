@@ -23,12 +23,16 @@ STORES: dict[str, str] = {
 }
 
 
+def scheme_of(url: str) -> str:
+    """The scheme of a store or broker URL, lower-cased; ``""`` without one."""
+    return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
 def open_store(url: str) -> Store:
     """Build the store a ``unique_backend`` URL names."""
     from celery_unique.exceptions import ImproperlyConfigured
 
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    target = STORES.get(scheme)
+    target = STORES.get(scheme_of(url))
     if target is None:
         known = ", ".join(f"{name}://" for name in STORES)
         raise ImproperlyConfigured(
