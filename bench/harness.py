@@ -67,6 +67,11 @@ class Tasks:
     payload: Any
     once: Any
     singleton: Any
+    #: ``unique_on_duplicate``: "latest" and "debounce", created and reused (``held_*``).
+    latest: Any
+    debounce: Any
+    held_latest: Any
+    held_debounce: Any
     #: Like ``selector`` with a task name of a real project's length (memory only).
     long_name: Any
 
@@ -119,6 +124,10 @@ def build(base_url: str, *, store_db: int = STORE_DB, name: str = "bench") -> Be
             unique_window=3600,
         ),
         payload=_define(app, "payload", base=UniqueTask, unique_key=Payload()),
+        latest=_define(app, "latest", **_follows("latest", lambda job: f"order:{job.n}")),
+        debounce=_define(app, "debounce", **_follows("debounce", lambda job: f"order:{job.n}")),
+        held_latest=_define(app, "held_latest", **_follows("latest", "held")),
+        held_debounce=_define(app, "held_debounce", **_follows("debounce", "held")),
         once=_define(app, "once", base=_once_base(), once={"graceful": True}),
         singleton=_define(app, "singleton", base=_singleton_base()),
         long_name=_define(
@@ -135,6 +144,18 @@ def build(base_url: str, *, store_db: int = STORE_DB, name: str = "bench") -> Be
         store=redis.Redis.from_url(store_url),
         store_db=store_db,
     )
+
+
+def _follows(policy: str, key: Any) -> dict[str, Any]:
+    """Options of a task whose held job follows its duplicates (``unique_on_duplicate``)."""
+    debounce = {"unique_debounce": 60, "unique_debounce_max": 600} if policy == "debounce" else {}
+    return {
+        "base": UniqueTask,
+        "unique_key": key,
+        "unique_while": "active",
+        "unique_on_duplicate": policy,
+        **debounce,
+    }
 
 
 def _define(app: Celery, name: str, **options: Any) -> Any:

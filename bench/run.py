@@ -118,6 +118,14 @@ def rows_for(bench: Bench) -> list[Row]:
             (TENANT, fresh())), created),
         Row("payload", "unique created: Payload() key", lambda: t.payload.apply_async(
             (TENANT, fresh())), created),
+        Row("latest", "unique created: on_duplicate=latest", each(t.latest), created),
+        Row("debounce", "unique created: on_duplicate=debounce", each(t.debounce), created),
+        Row("latest_reused", "unique reused: latest (arguments stored)", each(t.held_latest),
+            lambda r: getattr(r, "arguments_replaced", False),
+            setup=lambda: t.held_latest.apply_async((TENANT, -1))),
+        Row("debounce_reused", "unique reused: debounce (start moved)", each(t.held_debounce),
+            lambda r: getattr(r, "postponed_to", None) is not None and r.duplicate,
+            setup=lambda: t.held_debounce.apply_async((TENANT, -1))),
         Row("once", "celery-once QueueOnce", lambda: t.once.apply_async((TENANT, fresh())),
             lambda r: r.id is not None),
         Row("singleton", "celery-singleton Singleton",
@@ -381,7 +389,8 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
     selector = rows["selector"]["ratio"]
     worst = min(rows[key]["ratio"] for key in created_rows)
     once, single = rows["once"]["per_s"], rows["singleton"]["per_s"]
-    trips = {rows[key]["store_rt"] for key in (*created_rows, "reused")}
+    followed = ("latest", "debounce", "latest_reused", "debounce_reused")
+    trips = {rows[key]["store_rt"] for key in (*created_rows, "reused", *followed)}
     batch = report["dispatch_many"]
     memory, latency, hashing = report["memory"], report["latency"], report["hashing"]
     out: list[tuple[str, str, bool | None]] = [

@@ -24,6 +24,7 @@ from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.dispatch import (
     Plan,
     as_sent,
+    created_receipt,
     plan,
     reused,
     rollback,
@@ -206,6 +207,8 @@ def _publish(items: Sequence[_Item]) -> None:
                 gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
                 if item.plan is not None:
                     options = with_header(options, item.plan.header)
+                    if item.plan.countdown_s is not None:
+                        options = {**options, "countdown": item.plan.countdown_s}
                     install_gate(item.app)
                     # Decided already: the gate lets the job out (or, eagerly, run).
                     gate = gated(
@@ -223,9 +226,11 @@ def _publish(items: Sequence[_Item]) -> None:
                         link_error=item.link_error,
                         **options,
                     )
-                item.outcome = stamp(result)
                 if item.plan is not None:
+                    item.outcome = created_receipt(result, item.plan)
                     signals.emit_created(item.task, item.plan)
+                else:
+                    item.outcome = stamp(result)
     except BaseException:
         sent_one_by_one = all(getattr(b.state, "immediate", False) for b in pipelined)
         _roll_back_unpublished(items[position:] if sent_one_by_one else items)

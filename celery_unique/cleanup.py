@@ -331,14 +331,18 @@ def release(
     on_released: Callable[[bool], None] | None = None,
     after_exit_of: int | None = None,
     after: Callable[[], bool | None] | None = None,
-    first: Release | None = None,
+    first: Sequence[Release] = (),
+    before: Callable[[], None] | None = None,
 ) -> None:
     """Send ``hold``'s release soon: once process ``after_exit_of`` is gone and ``after``
     says so (``None`` from it cancels the release), when given.
 
-    ``first``: a write sent ahead of it, whatever ``after`` says (the end of the
-    run, which holds even if the release never goes); owed at the same moment,
-    so that both usually travel in one round trip.
+    ``first``: writes sent ahead of it, in order, whatever ``after`` says (the end
+    of the run, which holds even if the release never goes); owed at the same
+    moment, so that all usually travel in one round trip.
+
+    ``before``: work done first, once the waits are over (retried while it
+    raises, like any owed write); the release is owed only once it is done.
     """
     deadline = deadline_after(within_s)
 
@@ -352,8 +356,29 @@ def release(
             **waits,
         )
 
-    items = [] if first is None else [owed(first)]
-    _thread().owe(*items, owed(hold, on_released=on_released, after=after))
+    # Made in order: the thread sends what is ready oldest first.
+    ahead = [owed(write) for write in first]
+    last = owed(hold, on_released=on_released, after=after)
+    if before is not None:
+        work = before
+        released = last
+        released.after_exit_of = released.after = None
+
+        def action() -> bool:
+            work()
+            released.started = time.monotonic()
+            _thread().owe(released)
+            return True
+
+        last = Owed(
+            store=store,
+            what=f"{_describe(hold)}, once the run it owes is passed on",
+            deadline=deadline,
+            action=action,
+            after_exit_of=after_exit_of,
+            after=after,
+        )
+    _thread().owe(*ahead, last)
 
 
 def _describe(hold: Release) -> str:

@@ -172,6 +172,8 @@ def _describe(info: KeyInfo, state: str) -> str:
     ]
     if info.fingerprint:
         rows += [("fingerprint", info.fingerprint), ("policy", info.policy or "-")]
+    if info.duplicates:
+        rows.append(("duplicates", info.duplicates))
     return "\n".join(f"{name + ':':<13} {value}" for name, value in rows)
 
 

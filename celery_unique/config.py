@@ -15,7 +15,7 @@ from typing import Any
 
 from celery import Celery
 
-from celery_unique.declaration import parse_duration_ms
+from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import validate_namespace
 from celery_unique.stores import open_store

@@ -10,11 +10,12 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery_unique.arguments import ArgumentView, Binder
+from celery_unique.duplicates import DuplicatePolicy, parse_policy
+from celery_unique.durations import parse_duration_ms, parse_window
 from celery_unique.exceptions import (
     InvalidDeclaration,
     InvalidKey,
@@ -27,10 +28,6 @@ from celery_unique.keyspace import validate_key
 from celery_unique.payload import Payload
 from celery_unique.stores.base import Scope
 
-MAX_WINDOW_MS = 3650 * 24 * 3600 * 1000
-#: How far (in ms) a window given as float seconds may be from a whole millisecond: 1 µs.
-WHOLE_MS_TOLERANCE = 1e-3
-
 #: The per-dispatch options, as accepted by ``apply_async`` and ``signature.set``.
 DISPATCH_OPTIONS = (
     "unique_key",
@@ -38,6 +35,9 @@ DISPATCH_OPTIONS = (
     "unique_window_key",
     "unique_window",
     "unique_prefix",
+    "unique_on_duplicate",
+    "unique_debounce",
+    "unique_debounce_max",
 )
 
 Selector = Callable[[ArgumentView], object]
@@ -110,48 +110,6 @@ def parse_scope(value: object) -> Scope:
         raise InvalidDeclaration(f"unique_while must be one of {names}, not {value!r}") from None
 
 
-def parse_window(value: object) -> int:
-    """A window in whole milliseconds: positive, at most 3,650 days."""
-    if isinstance(value, bool) or not isinstance(value, timedelta | int | float):
-        raise InvalidWindow(
-            f"unique_window must be a timedelta or a number of seconds, not {value!r}"
-        )
-    if isinstance(value, timedelta):
-        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
-        if micros % 1000:
-            raise InvalidWindow(f"unique_window {value} is not a whole number of milliseconds")
-        ms = micros // 1000
-    else:
-        exact = value * 1000
-        if exact != exact or exact in (float("inf"), float("-inf")):
-            raise InvalidWindow(f"unique_window {value!r} s is not a number of milliseconds")
-        ms = round(exact)
-        # Seconds as a float rarely hit a whole millisecond exactly (1.001 * 1000 is
-        # 1000.9999999999999): within a microsecond of one counts as whole.
-        if abs(exact - ms) > WHOLE_MS_TOLERANCE:
-            raise InvalidWindow(f"unique_window {value!r} s is not a whole number of milliseconds")
-    if ms <= 0:
-        raise InvalidWindow(f"unique_window must be positive, not {value!r}")
-    if ms > MAX_WINDOW_MS:
-        raise InvalidWindow(f"unique_window {value!r} is longer than 3,650 days")
-    return ms
-
-
-def parse_duration_ms(value: object, option: str) -> int | None:
-    """A non-negative duration (timedelta or seconds) in ms; ``None`` stays ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise InvalidDeclaration(f"{option} must be a timedelta or seconds, not {value!r}")
-    if seconds < 0:
-        raise InvalidDeclaration(f"{option} must not be negative, not {value!r}")
-    return round(seconds * 1000)
-
-
 def parse_prefix(value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidDeclaration(f"unique_prefix must be True or False, not {value!r}")
@@ -171,6 +129,7 @@ class Declaration:
     prefix: bool = True
     overridable: bool = False
     binder: Binder | None = None
+    duplicates: DuplicatePolicy = field(default_factory=DuplicatePolicy)
 
     @property
     def declares_keys(self) -> bool:
@@ -199,14 +158,20 @@ class Declaration:
         window_ms = None if raw_window is None else parse_window(raw_window)
         if window_key is not None and window_ms is None:
             raise InvalidWindow("unique_window_key needs unique_window: a window has no default")
+        scope = parse_scope(options.get("unique_while", Scope.QUEUED.value))
+        duplicates = parse_policy(options)
+        duplicates.check_keys(
+            has_active_key=key is not None, has_window_key=window_key is not None, scope=scope
+        )
         return cls(
             key=key,
-            scope=parse_scope(options.get("unique_while", Scope.QUEUED.value)),
+            scope=scope,
             retention_ms=parse_duration_ms(options.get("unique_retention"), "unique_retention"),
             window_key=window_key,
             window_ms=window_ms,
             prefix=parse_prefix(options.get("unique_prefix", True)),
             overridable=bool(options.get("unique_overridable", False)),
+            duplicates=duplicates,
         )
 
 
@@ -227,6 +192,10 @@ _CLASS_OPTIONS = (
     "unique_window",
     "unique_prefix",
     "unique_overridable",
+    "unique_on_duplicate",
+    "unique_debounce",
+    "unique_debounce_max",
+    "unique_latest_max_bytes",
 )
 
 

@@ -16,7 +16,7 @@ import logging
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
@@ -31,8 +31,14 @@ from celery_unique.declaration import (
     KeySpec,
     parse_prefix,
     parse_scope,
-    parse_window,
 )
+from celery_unique.duplicates import (
+    HEADER_CODES,
+    DuplicatePolicy,
+    encode_arguments,
+    parse_policy,
+)
+from celery_unique.durations import parse_window
 from celery_unique.exceptions import (
     BackendUnavailable,
     CallbacksNotAttached,
@@ -59,6 +65,8 @@ from celery_unique.stores.base import (
     ActiveClaim,
     Claim,
     Decision,
+    Effect,
+    OnDuplicate,
     Release,
     Scope,
     Verdict,
@@ -80,6 +88,8 @@ class Plan:
     #: Keys as users read them, for messages and logs.
     active_key: str | None
     window_key: str | None
+    #: ``debounce``: the countdown the created job is published with.
+    countdown_s: float | None = None
 
 
 def take_dispatch_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -182,12 +192,36 @@ def plan(
             )
         scope = dispatch_scope
     window_ms = _choose_window(task, declaration, dispatch_window, window is not None)
+    duplicates = _choose_duplicates(task, declaration, overrides)
+    duplicates.check_keys(
+        has_active_key=active is not None, has_window_key=window is not None, scope=scope
+    )
 
     header: KeyHeader = {"v": VERSION}
     active_claim = window_claim = None
+    countdown_s = None
     if active is not None:
-        lease = None if rt.lease_ms is None else rt.lease_ms + _wait_ms(options)
-        active_claim = ActiveClaim(key=active[0], scope=scope, lease_ms=lease)
+        wait_ms = _wait_ms(options)
+        stored_arguments = None
+        if duplicates.follows:
+            stored_arguments = encode_arguments(task, args, kwargs, duplicates.latest_max_bytes)
+            header["p"] = HEADER_CODES[duplicates.on_duplicate]
+        debounce = duplicates.debounce_ms
+        if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:
+            if not wait_ms and options.get("eta") is None:
+                countdown_s = debounce / 1000
+            # The lease covers the latest start a duplicate can move the job to.
+            wait_ms = max(wait_ms, duplicates.debounce_max_ms or debounce)
+        lease = None if rt.lease_ms is None else rt.lease_ms + wait_ms
+        active_claim = ActiveClaim(
+            key=active[0],
+            scope=scope,
+            lease_ms=lease,
+            on_duplicate=duplicates.on_duplicate,
+            arguments=stored_arguments,
+            debounce_ms=debounce,
+            debounce_max_ms=duplicates.debounce_max_ms,
+        )
         header["a"], header["s"] = active[0], scope.value
         if scope is Scope.EXISTS:
             header["r"] = (
@@ -233,7 +267,22 @@ def plan(
         header=header,
         active_key=active[1] if active else None,
         window_key=window[1] if window else None,
+        countdown_s=countdown_s,
     )
+
+
+def _choose_duplicates(
+    task: Task[Any, Any], declaration: Declaration, overrides: Mapping[str, Any]
+) -> DuplicatePolicy:
+    declared = declaration.duplicates
+    given = parse_policy(overrides, base=declared)
+    if given != declared and declaration.declares_keys and not declaration.overridable:
+        raise KeyMismatch(
+            f"unique_on_duplicate/unique_debounce given to {task.name} differ from the "
+            f"declared {declared.on_duplicate.value!r}; declare unique_overridable=True to "
+            "allow choosing them per dispatch"
+        )
+    return given
 
 
 def _bind(declaration: Declaration, args: Any, kwargs: Any) -> dict[str, Any]:
@@ -371,13 +420,29 @@ def reused(
             GroupMemberReused,
             stacklevel=5,
         )
+    effect = decision.effect
     return stamp(
         result,
         Disposition.REUSED,
         match,
         policy_drift=decision.policy_drift,
         callbacks_dropped=dropped,
+        arguments_replaced=effect in (Effect.ARGUMENTS_REPLACED, Effect.POSTPONED),
+        rerun_requested=effect is Effect.RERUN_REQUESTED,
+        postponed_to=_planned_start(decision.starts_in_ms),
     )
+
+
+def created_receipt(result: AsyncResult[Any], planned: Plan) -> UniqueResult:
+    """A created job's receipt (with its planned start, for ``debounce``)."""
+    starts_in = None if planned.countdown_s is None else round(planned.countdown_s * 1000)
+    return stamp(result, postponed_to=_planned_start(starts_in))
+
+
+def _planned_start(starts_in_ms: int | None) -> datetime | None:
+    if starts_in_ms is None:
+        return None
+    return datetime.now(timezone.utc) + timedelta(milliseconds=starts_in_ms)
 
 
 def rollback(rt: Runtime, claim: Claim) -> None:
@@ -561,11 +626,14 @@ def apply_unique(
         return stamp(publish(task_id))
     given = options.pop("producer")
     gate = Gate(job_id, rt, planned.header, pending)
+    start = {} if planned.countdown_s is None else {"countdown": planned.countdown_s}
     outcome: UniqueResult = publish_deciding(
         app,
         gate,
         given,
-        lambda stand_in: stamp(publish(job_id, planned.header, producer=stand_in)),
+        lambda stand_in: created_receipt(
+            publish(job_id, planned.header, producer=stand_in, **start), planned
+        ),
         not_published,
         lambda: rollback(rt, planned.claim),
         on_created=lambda: signals.emit_created(task, planned),

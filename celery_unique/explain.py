@@ -20,7 +20,7 @@ from celery_unique.config import runtime
 from celery_unique.dispatch import plan, take_dispatch_options
 from celery_unique.operations import KeyInfo, format_ms, printable
 from celery_unique.stores._records import Record, decide
-from celery_unique.stores.base import HeldKey, KeyKind, Scope, Verdict
+from celery_unique.stores.base import Effect, HeldKey, KeyKind, Scope, Verdict
 
 if TYPE_CHECKING:
     from celery import Task
@@ -94,6 +94,9 @@ class KeyReport:
             f"  held by:     job {holder.job_id} ({holder.task}), {KeyInfo.of(holder).state}, "
             f"expires in {format_ms(holder.expires_in_ms)}"
         )
+        follows = KeyInfo.of(holder).duplicates
+        if follows:
+            lines.append(f"  duplicates:  {follows}")
         if holder.kind is KeyKind.WINDOW:
             request = "same request" if self.same_request else "a DIFFERENT request"
             policy = "same" if self.same_policy else "different (drift)"
@@ -114,6 +117,8 @@ class Explanation:
     window: KeyReport | None
     policy_drift: bool = False
     conflicting_job_ids: tuple[str, ...] = ()
+    #: ``latest``/``debounce``: what the dispatch would do to the job it is handed.
+    effect: Effect | None = None
 
     @property
     def would_create(self) -> bool:
@@ -128,7 +133,8 @@ class Explanation:
         if outcome is Verdict.CREATED:
             return "would create"
         if outcome is Verdict.REUSED_ACTIVE:
-            return f"would reuse job {self.job_id} (active)"
+            effect = "" if self.effect is None else f"; {_EFFECTS[self.effect]}"
+            return f"would reuse job {self.job_id} (active{effect})"
         if outcome is Verdict.REUSED_WINDOW:
             drift = ", with policy drift" if self.policy_drift else ""
             return f"would reuse job {self.job_id} (window{drift})"
@@ -147,6 +153,7 @@ class Explanation:
             "job_id": self.job_id,
             "policy_drift": self.policy_drift,
             "conflicting_job_ids": list(self.conflicting_job_ids),
+            "effect": None if self.effect is None else self.effect.value,
             "active": None if self.active is None else self.active.as_dict(),
             "window": None if self.window is None else self.window.as_dict(),
         }
@@ -240,7 +247,15 @@ def explain_dispatch(
         window=window,
         policy_drift=decision.policy_drift,
         conflicting_job_ids=decision.conflicting_job_ids,
+        effect=decision.effect,
     )
+
+
+_EFFECTS = {
+    Effect.ARGUMENTS_REPLACED: "it would run with these arguments",
+    Effect.POSTPONED: "its start would move later, and it would run with these arguments",
+    Effect.RERUN_REQUESTED: "it runs: one run with these arguments would be owed after it",
+}
 
 
 def _record(held: HeldKey) -> Record:
@@ -254,4 +269,9 @@ def _record(held: HeldKey) -> Record:
         fingerprint=held.fingerprint,
         policy=held.policy,
         since=held.since_ms,
+        run=held.run,
+        on_duplicate=held.on_duplicate,
+        owed=held.owed,
+        arguments=held.arguments,
+        due=held.starts_in_ms,
     )

@@ -25,6 +25,8 @@ class KeyHeader(TypedDict, total=False):
     #: The job id, on a message that continues a job under its id from another
     #: job's worker (the last task of a replacement chain): a re-send, not a dispatch.
     j: str
+    #: What duplicates do to the job, when not "reuse": "l" (latest), "d" (debounce).
+    p: str
 
 
 def read_header(source: Any) -> KeyHeader | None:

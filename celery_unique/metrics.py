@@ -19,6 +19,9 @@ Counters (all labelled by ``task``):
 * ``celery_unique_conflicts_total`` (``reason``: the error code)
 * ``celery_unique_keys_released_total`` (``reason``: ``started``, ``finished``,
   ``operator``, ``reaped``)
+* ``celery_unique_reruns_owed_total``: ``latest``/``debounce`` duplicates that met
+  their job running (one run follows the job, however many there are)
+* ``celery_unique_postponed_total``: ``debounce`` duplicates that moved their job's start
 
 Exposing them (``prometheus_client.start_http_server``, multiprocess mode for
 prefork workers) is the application's choice, as for any other counter.
@@ -44,6 +47,8 @@ class Installed:
     reused: Any
     conflicts: Any
     released: Any
+    reruns_owed: Any
+    postponed: Any
     receivers: tuple[tuple[Signal, Callable[..., None], str], ...]
 
 
@@ -75,6 +80,8 @@ def install(registry: Any = None, prefix: str = "celery_unique") -> Installed:
     )
     conflicts = counter("conflicts", "Dispatches refused by a uniqueness conflict.", "reason")
     released = counter("keys_released", "Active keys released.", "reason")
+    reruns = counter("reruns_owed", "Duplicates that met their job running and owe it a run.")
+    postponements = counter("postponed", "Duplicates that moved their job's start later.")
 
     def on_created(task_name: str = "", **_: Any) -> None:
         created.labels(task_name).inc()
@@ -90,6 +97,12 @@ def install(registry: Any = None, prefix: str = "celery_unique") -> Installed:
     def on_released(task_name: str | None = None, reason: Any = None, **_: Any) -> None:
         released.labels(task_name or "", _label(reason)).inc()
 
+    def on_rerun_owed(task_name: str = "", **_: Any) -> None:
+        reruns.labels(task_name).inc()
+
+    def on_postponed(task_name: str = "", **_: Any) -> None:
+        postponements.labels(task_name).inc()
+
     receivers: tuple[tuple[Signal, Callable[..., None], str], ...] = tuple(
         (signal, receiver, f"celery_unique.metrics.{receiver.__name__}.{id(registry)}")
         for signal, receiver in (
@@ -97,11 +110,13 @@ def install(registry: Any = None, prefix: str = "celery_unique") -> Installed:
             (signals.job_reused, on_reused),
             (signals.uniqueness_conflict, on_conflict),
             (signals.key_released, on_released),
+            (signals.rerun_owed, on_rerun_owed),
+            (signals.postponed, on_postponed),
         )
     )
     for signal, receiver, uid in receivers:
         signal.connect(receiver, weak=False, dispatch_uid=uid)
-    return Installed(created, reused, conflicts, released, receivers)
+    return Installed(created, reused, conflicts, released, reruns, postponements, receivers)
 
 
 def uninstall(installed: Installed) -> None:

@@ -13,6 +13,7 @@ also accepted written out as the four characters ``\\x1f``).
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -70,6 +71,12 @@ class KeyInfo:
     policy: str | None
     #: When a decision wrote the key (ms since the epoch, store's clock), if known.
     since_ms: int | None = None
+    #: ``latest``/``debounce``: the job owed a run once this one ends, if one is.
+    owed: str | None = None
+    #: ``latest``/``debounce``: digest of the arguments the latest duplicate left.
+    arguments_digest: str | None = None
+    #: ``debounce``: how far off the job's planned start is, if it has not come.
+    starts_in_ms: int | None = None
 
     @classmethod
     def of(cls, held: HeldKey) -> KeyInfo:
@@ -87,7 +94,22 @@ class KeyInfo:
             fingerprint=held.fingerprint,
             policy=held.policy,
             since_ms=held.since_ms,
+            owed=held.owed,
+            arguments_digest=arguments_digest(held.arguments),
+            starts_in_ms=held.starts_in_ms,
         )
+
+    @property
+    def duplicates(self) -> str:
+        """What ``latest``/``debounce`` duplicates left the job, in a few words ("" if nothing)."""
+        facts = []
+        if self.starts_in_ms is not None:
+            facts.append(f"starts in {format_ms(self.starts_in_ms)}")
+        if self.arguments_digest is not None:
+            facts.append(f"latest arguments {self.arguments_digest}")
+        if self.owed is not None:
+            facts.append(f"run owed (job {self.owed})")
+        return "; ".join(facts)
 
     @property
     def printable_storage_key(self) -> str:
@@ -115,7 +137,17 @@ class KeyInfo:
             "fingerprint": self.fingerprint,
             "policy": self.policy,
             "since_ms": self.since_ms,
+            "owed": self.owed,
+            "arguments_digest": self.arguments_digest,
+            "starts_in_ms": self.starts_in_ms,
         }
+
+
+def arguments_digest(stored: str | None) -> str | None:
+    """A short digest of stored arguments: enough to tell two apart, nothing of their content."""
+    if stored is None:
+        return None
+    return hashlib.sha256(stored.encode()).hexdigest()[:12]
 
 
 def printable(storage_key: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.result import AsyncResult
@@ -41,7 +42,14 @@ class UniqueResult(_Result):
     * ``duplicate_match``: which key found the existing job (``None`` if created);
     * ``policy_drift``: the existing job's key was written with other options;
     * ``callbacks_dropped``: this dispatch's callbacks are not attached to the
-      job it was handed (an active-key match on a job queued without them).
+      job it was handed (an active-key match on a job queued without them);
+    * ``arguments_replaced`` (``latest``/``debounce``): the job it was handed has
+      not started and will run with this dispatch's arguments;
+    * ``rerun_requested`` (``latest``/``debounce``): the job it was handed runs;
+      one run with the latest duplicate's arguments follows it;
+    * ``postponed_to`` (``debounce``): when the job is planned to start (an
+      aware UTC datetime), for the dispatch that created it and for each
+      duplicate that moved it; ``None`` otherwise.
 
     Pickled (or sent to another process), it is the plain result again.
     """
@@ -51,6 +59,9 @@ class UniqueResult(_Result):
     duplicate_match: DuplicateMatch | None
     policy_drift: bool
     callbacks_dropped: bool
+    arguments_replaced: bool
+    rerun_requested: bool
+    postponed_to: datetime | None
     #: The result class this receipt class extends (set on each generated class).
     _celery_class: ClassVar[type[AsyncResult[Any]]]
 
@@ -90,6 +101,9 @@ def stamp(
     *,
     policy_drift: bool = False,
     callbacks_dropped: bool = False,
+    arguments_replaced: bool = False,
+    rerun_requested: bool = False,
+    postponed_to: datetime | None = None,
 ) -> UniqueResult:
     """Turn Celery's result into a receipt; every dispatch through a UniqueTask gets one."""
     if not isinstance(result, UniqueResult):
@@ -100,4 +114,7 @@ def stamp(
     result.duplicate_match = match
     result.policy_drift = policy_drift
     result.callbacks_dropped = callbacks_dropped
+    result.arguments_replaced = arguments_replaced
+    result.rerun_requested = rerun_requested
+    result.postponed_to = postponed_to
     return result

@@ -10,7 +10,9 @@ Connect receivers like any Celery signal (``weak=False`` and a
         ...
 
 ``job_created`` (sender: the task)
-    ``task_name``, ``job_id``, ``active_key``, ``window_key``.
+    ``task_name``, ``job_id``, ``active_key``, ``window_key``, ``rerun_of``
+    (``None``; for the run a ``latest``/``debounce`` job's duplicates owed, which
+    a worker publishes as the job ends: that job's id).
 ``job_reused`` (sender: the task)
     ``task_name``, ``job_id`` (the existing job), ``requested_job_id`` (the id
     the dispatch asked for; nothing was published under it), ``match``
@@ -20,6 +22,13 @@ Connect receivers like any Celery signal (``weak=False`` and a
     ``task_name``, ``job_id`` (asked for, not created), ``reason`` (the error
     code: ``uniqueness_conflict`` or ``uniqueness_composition_conflict``),
     ``conflicting_job_ids``, ``active_key``, ``window_key``.
+``rerun_owed`` (sender: the task)
+    ``task_name``, ``job_id`` (the running job), ``requested_job_id``, ``key``:
+    a ``latest``/``debounce`` duplicate met the job running; one run with its
+    arguments follows the job (however many such duplicates come).
+``postponed`` (sender: the task)
+    ``task_name``, ``job_id``, ``requested_job_id``, ``key``, ``postponed_to``
+    (an aware UTC datetime): a ``debounce`` duplicate moved the job's start.
 ``key_released`` (sender: the app)
     ``task_name`` (``None`` when unknown), ``job_id``, ``key``,
     ``storage_key``, ``reason`` (:class:`ReleaseReason`), ``kept``.
@@ -43,13 +52,14 @@ import enum
 import logging
 import os
 from collections.abc import Mapping
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.dispatch import Signal
 
 from celery_unique import keyspace
 from celery_unique.receipt import DuplicateMatch
-from celery_unique.stores.base import Verdict
+from celery_unique.stores.base import Effect, Verdict
 
 if TYPE_CHECKING:
     from celery import Celery, Task
@@ -61,7 +71,7 @@ logger = logging.getLogger("celery_unique")
 
 job_created = Signal(
     name="celery_unique.job_created",
-    providing_args=("task_name", "job_id", "active_key", "window_key"),
+    providing_args=("task_name", "job_id", "active_key", "window_key", "rerun_of"),
 )
 job_reused = Signal(
     name="celery_unique.job_reused",
@@ -77,6 +87,14 @@ uniqueness_conflict = Signal(
         "active_key",
         "window_key",
     ),
+)
+rerun_owed = Signal(
+    name="celery_unique.rerun_owed",
+    providing_args=("task_name", "job_id", "requested_job_id", "key"),
+)
+postponed = Signal(
+    name="celery_unique.postponed",
+    providing_args=("task_name", "job_id", "requested_job_id", "key", "postponed_to"),
 )
 key_released = Signal(
     name="celery_unique.key_released",
@@ -167,6 +185,28 @@ def emit_created(task: Task[Any, Any], plan: Plan) -> None:
             "job_id": plan.claim.job_id,
             "active_key": plan.active_key,
             "window_key": plan.window_key,
+            "rerun_of": None,
+        },
+    )
+
+
+def emit_rerun_published(task: Task[Any, Any], ended: str, job_id: str, storage_key: str) -> None:
+    """A worker published the run job ``ended``'s duplicates owed (``latest``/``debounce``)."""
+    if not job_created.receivers and not _events(task.app).enabled:
+        return
+    _, _, scope, key = keyspace.split_storage_key(storage_key)
+    _send(
+        job_created,
+        task,
+        task.app,
+        "unique-created",
+        job_id,
+        {
+            "task_name": task.name,
+            "job_id": job_id,
+            "active_key": keyspace.display_key(scope, key),
+            "window_key": None,
+            "rerun_of": ended,
         },
     )
 
@@ -179,29 +219,49 @@ def emit_reused(task: Task[Any, Any], plan: Plan, decision: Decision) -> None:
         else DuplicateMatch.ACTIVE
     )
     key = plan.window_key if match is DuplicateMatch.WINDOW else plan.active_key
+    effect = decision.effect
     logger.info(
-        "%s: reused job %s (%s key %r)%s",
+        "%s: reused job %s (%s key %r)%s%s",
         task.name,
         decision.job_id,
         match.value,
         key,
         " with policy drift" if decision.policy_drift else "",
+        "" if effect is None else f", {_EFFECTS[effect]}",
     )
+    fields = {
+        "task_name": task.name,
+        "job_id": decision.job_id,
+        "requested_job_id": plan.claim.job_id,
+        "key": key,
+    }
     _send(
         job_reused,
         task,
         task.app,
         "unique-reused",
         decision.job_id,
-        {
-            "task_name": task.name,
-            "job_id": decision.job_id,
-            "requested_job_id": plan.claim.job_id,
-            "match": match,
-            "key": key,
-            "policy_drift": decision.policy_drift,
-        },
+        {**fields, "match": match, "policy_drift": decision.policy_drift},
     )
+    if effect is Effect.RERUN_REQUESTED:
+        _send(rerun_owed, task, task.app, "unique-rerun-owed", decision.job_id, fields)
+    elif effect is Effect.POSTPONED and decision.starts_in_ms is not None:
+        at = datetime.now(timezone.utc) + timedelta(milliseconds=decision.starts_in_ms)
+        _send(
+            postponed,
+            task,
+            task.app,
+            "unique-postponed",
+            decision.job_id,
+            {**fields, "postponed_to": at},
+        )
+
+
+_EFFECTS = {
+    Effect.ARGUMENTS_REPLACED: "it will run with this dispatch's arguments",
+    Effect.POSTPONED: "postponed, to run with this dispatch's arguments",
+    Effect.RERUN_REQUESTED: "it runs: one run with the latest arguments follows it",
+}
 
 
 def emit_conflict(task: Task[Any, Any], plan: Plan, decision: Decision) -> None:

@@ -14,6 +14,7 @@ from celery.result import AsyncResult
 from celery_unique import resend
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
+from celery_unique.duplicates import DEFAULT_LATEST_MAX_BYTES
 from celery_unique.explain import Explanation, explain
 from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
@@ -35,6 +36,8 @@ else:
 
 #: How long an active key is held.
 UniqueWhile = Literal["queued", "active", "exists"]
+#: What a duplicate does to the job holding the key.
+OnDuplicateName = Literal["reuse", "latest", "debounce"]
 
 
 class UniqueMixin(_MixinBase):
@@ -57,8 +60,17 @@ class UniqueMixin(_MixinBase):
     unique_window: Any = None
     #: Scope keys to the task name (True) or share them across the app (False).
     unique_prefix: bool = True
-    #: Let a dispatch replace the declared key.
+    #: Let a dispatch replace the declared key (and scope, window, policy).
     unique_overridable: bool = False
+    #: What a duplicate does to the job holding the active key: "reuse" (nothing),
+    #: "latest" (its arguments win; one run is owed if the job runs) or "debounce".
+    unique_on_duplicate: OnDuplicateName = "reuse"
+    #: "debounce": the job starts this long after the last duplicate (timedelta or seconds)...
+    unique_debounce: Any = None
+    #: ...but never later than this long after the first dispatch (default: no cap).
+    unique_debounce_max: Any = None
+    #: "latest"/"debounce": the largest arguments a key keeps (encoded bytes).
+    unique_latest_max_bytes: int = DEFAULT_LATEST_MAX_BYTES
 
     __unique__: ClassVar[Declaration]
 
@@ -67,11 +79,16 @@ class UniqueMixin(_MixinBase):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            holder = runs.begin(self)
+            begun = runs.begin(self)
         except runs.StoreSilent as silent:
             raise runs.defer(self, silent) from None
-        if holder is not None:
-            raise runs.stale(self, holder)
+        if begun.holder is not None:
+            raise runs.stale(self, begun.holder)
+        if begun.wait_ms is not None:
+            raise runs.postpone(self, begun.wait_ms)
+        if begun.arguments is not None:
+            latest, kwargs = runs.latest_arguments(self, begun.arguments)
+            args = tuple(latest)
         request = self.request_stack.top
         if request is not None and not request.called_directly:
             # The worker's tracer has already pushed this job's request. Before
@@ -138,10 +155,13 @@ class UniqueMixin(_MixinBase):
         # The gate counts what leaves; a pool child that never dispatched a
         # unique job has not installed it yet.
         install_gate(self.app)
-        undo = None if eager else runs.hand_over(self)
+        undo = None
         with resend.counting_sends() as sent:
             try:
+                # From the mark to the send: a soft time limit striking in
+                # between would leave the mark with no replacement to carry it.
                 with nullcontext() if eager else soft_limit_held_back():
+                    undo = None if eager else runs.hand_over(self)
                     return super().on_replace(sig)
             except Ignore as ended:
                 # The worker's main process learns from this that the job goes on.

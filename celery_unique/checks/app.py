@@ -8,7 +8,7 @@ from kombu.utils.url import maybe_sanitize_url
 
 from celery_unique.checks.catalogue import Finding, finding
 from celery_unique.config import configured_backend_url, setting
-from celery_unique.declaration import parse_duration_ms
+from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
 from celery_unique.stores import STORES, scheme_of
 from celery_unique.stores.base import Scope

@@ -18,12 +18,18 @@ from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDED_OVER_MARK,
     HANDING_OVER,
+    PASSED_ON_MARK,
     RUNNING,
+    ActiveClaim,
     Claim,
     Decision,
+    Effect,
+    FollowUp,
     HeldKey,
     KeyKind,
+    OnDuplicate,
     Release,
+    RunBegun,
     RunStart,
     Scope,
     Store,
@@ -49,6 +55,16 @@ class Record:
     run: str | None = None
     #: The running job that handed this key over to ``job_id`` (self-rescheduling).
     handed_from: str | None = None
+    #: What the job does with its duplicates: only a job that follows them takes any.
+    on_duplicate: OnDuplicate = OnDuplicate.REUSE
+    #: The job owed a run once this one ends; ``PASSED_ON_MARK + j``: passed on by ``j``.
+    owed: str | None = None
+    #: The latest duplicate's arguments, encoded (``latest``/``debounce``).
+    arguments: str | None = None
+    #: ``debounce``: the planned start, on the store's clock (like ``expires_at``).
+    due: int | None = None
+    #: ``debounce``: the latest planned start allowed, on the store's clock.
+    cap: int | None = None
 
     def alive(self, now: int) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -66,7 +82,16 @@ class Record:
             policy=self.policy,
             since_ms=self.since,
             run=self.run,
+            on_duplicate=self.on_duplicate,
+            owed=owed_run(self.owed),
+            arguments=self.arguments,
+            starts_in_ms=None if self.due is None or self.due <= now else self.due - now,
         )
+
+
+def owed_run(owed: str | None) -> str | None:
+    """The job owed a run, from a record's field (``None`` once it was passed on)."""
+    return None if not owed or owed.startswith(PASSED_ON_MARK) else owed
 
 
 class _Unchanged(enum.Enum):
@@ -169,9 +194,21 @@ def _decide_one(
     if active is not None and held is not None and not _hands_off(claim, held):
         # Held by another job, or by this very job id sent before: either way the
         # job exists already and publishing again would run it twice.
-        return Decision(Verdict.REUSED_ACTIVE, held.job_id), writes
+        followed = _follow_duplicate(claim, active, held, now)
+        if followed is None:
+            return Decision(Verdict.REUSED_ACTIVE, held.job_id), writes
+        effect, record, starts_in = followed
+        writes[active.key] = record
+        return Decision(
+            Verdict.REUSED_ACTIVE, held.job_id, effect=effect, starts_in_ms=starts_in
+        ), writes
 
+    starts_in = None
     if active is not None:
+        due = cap = None
+        if active.on_duplicate is OnDuplicate.DEBOUNCE and active.debounce_ms is not None:
+            due = starts_in = active.debounce_ms
+            cap = active.debounce_max_ms
         writes[active.key] = Record(
             job_id=claim.job_id,
             task=claim.task,
@@ -180,8 +217,47 @@ def _decide_one(
             expires_at=_expiry(now, active.lease_ms),
             since=since,
             handed_from=held.job_id if held is not None else None,
+            on_duplicate=active.on_duplicate,
+            due=None if due is None else now + due,
+            cap=None if cap is None else now + cap,
         )
-    return Decision(Verdict.CREATED, claim.job_id), writes
+    return Decision(Verdict.CREATED, claim.job_id, starts_in_ms=starts_in), writes
+
+
+def _follow_duplicate(
+    claim: Claim, active: ActiveClaim, held: Record, now: int
+) -> tuple[Effect, Record, int | None] | None:
+    """What a ``latest``/``debounce`` duplicate does to the job holding its key, if anything.
+
+    Only an unfinished ``active``/``exists`` hold of the same task, whose own
+    dispatch chose to follow duplicates, follows: a finished job is reused as it
+    is, another task's job never gets these arguments, and a job that cannot
+    pass its key on must not be owed a run.
+    """
+    if (
+        active.on_duplicate is OnDuplicate.REUSE
+        or held.on_duplicate is OnDuplicate.REUSE
+        or held.kind is not KeyKind.ACTIVE
+        or held.finished
+        or held.scope is Scope.QUEUED
+        or held.task != claim.task
+    ):
+        return None
+    if held.run is not None:
+        # It runs (or handed itself to a replacement): one run is owed after it,
+        # under the id of the first duplicate that asked for it.
+        owed = owed_run(held.owed) or claim.job_id
+        return Effect.RERUN_REQUESTED, replace(held, owed=owed, arguments=active.arguments), None
+    if active.on_duplicate is OnDuplicate.DEBOUNCE and active.debounce_ms is not None:
+        due = now + active.debounce_ms
+        if held.cap is not None:
+            due = min(due, held.cap)
+        expires_at = held.expires_at
+        if expires_at is not None and active.lease_ms is not None:
+            expires_at = max(expires_at, now + active.lease_ms)
+        record = replace(held, arguments=active.arguments, due=due, expires_at=expires_at)
+        return Effect.POSTPONED, record, due - now
+    return Effect.ARGUMENTS_REPLACED, replace(held, arguments=active.arguments), None
 
 
 def _hands_off(claim: Claim, held: Record | None) -> bool:
@@ -213,11 +289,7 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
             if record.finished or record.run in (run, handed_by):
                 return UNCHANGED
             return replace(record, run=run)
-        if (
-            record.run is not None
-            and record.run != run
-            and (record.run == handed_by or not record.run.startswith(HANDED_OVER_MARK))
-        ):
+        if not _run_may_end(record, run):
             # Another delivery of the job runs now, or this one handed the job over
             # to a replacement: the key is theirs.
             return UNCHANGED
@@ -232,14 +304,23 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
     return change
 
 
-def starting_run(job_id: str, start: RunStart, outcome: list[str | None]) -> Change:
-    """Mark the key as held by the run ``start`` of ``job_id`` (see ``Store.start_run``).
+def _run_may_end(record: Record, run: str | None) -> bool:
+    """Whether the end of delivery ``run`` may end ``record``'s hold: no other delivery
+    of the job runs, and ``run`` did not hand the job over to a replacement."""
+    if record.run is None or record.run == run:
+        return True
+    handed = record.run.startswith(HANDED_OVER_MARK)
+    return handed and record.run != HANDED_OVER_MARK + (run or "")
 
-    ``outcome`` receives the job that holds the key instead, or ``None``.
+
+def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Change:
+    """Mark the key as held by the run ``start`` of ``job_id`` (see ``Store.begin_run``).
+
+    ``outcome`` receives what the start found.
     """
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
-        outcome[:] = [None]
+        outcome[:] = [RunBegun()]
         if record is None or not record.alive(now):
             return Record(
                 job_id=job_id,
@@ -252,8 +333,13 @@ def starting_run(job_id: str, start: RunStart, outcome: list[str | None]) -> Cha
             )
         if record.job_id != job_id:
             if record.handed_from != job_id:
-                outcome[:] = [record.job_id]
+                outcome[:] = [RunBegun(holder=record.job_id)]
             return UNCHANGED
+        if start.follows_duplicates and record.due is not None and record.due > now:
+            outcome[:] = [RunBegun(wait_ms=record.due - now)]
+            return UNCHANGED
+        if start.follows_duplicates and record.arguments is not None:
+            outcome[:] = [RunBegun(arguments=record.arguments)]
         expires_at = record.expires_at
         if record.finished or (
             expires_at is not None
@@ -261,7 +347,49 @@ def starting_run(job_id: str, start: RunStart, outcome: list[str | None]) -> Cha
             and expires_at < now + start.lease_ms
         ):
             expires_at = _expiry(now, start.lease_ms)
-        return replace(record, finished=False, expires_at=expires_at, run=start.run)
+        return replace(
+            record,
+            finished=False,
+            expires_at=expires_at,
+            run=start.run,
+            due=None,
+            owed=owed_run(record.owed),
+        )
+
+    return change
+
+
+def passing_on(
+    job_id: str, run: str | None, lease_ms: int | None, outcome: list[FollowUp | None]
+) -> Change:
+    """Hand the key of ``job_id`` to the run it owes (see ``Store.pass_on``)."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        outcome[:] = [None]
+        if record is None or not record.alive(now) or record.kind is not KeyKind.ACTIVE:
+            return UNCHANGED
+        if record.owed == PASSED_ON_MARK + job_id:
+            outcome[:] = [FollowUp(record.job_id, record.arguments or "", record.task)]
+            return UNCHANGED
+        owed = owed_run(record.owed)
+        if (
+            record.job_id != job_id
+            or record.finished
+            or owed is None
+            or not _run_may_end(record, run)
+        ):
+            return UNCHANGED
+        outcome[:] = [FollowUp(owed, record.arguments or "", record.task)]
+        return replace(
+            record,
+            job_id=owed,
+            owed=PASSED_ON_MARK + job_id,
+            run=None,
+            handed_from=None,
+            due=None,
+            since=now,
+            expires_at=_expiry(now, lease_ms),
+        )
 
     return change
 
@@ -330,8 +458,18 @@ class RecordStore(Store):
         return self._change([(r.key, releasing(r.job_id, r.keep_ms, r.run)) for r in releases])
 
     def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
-        outcome: list[str | None] = [None]
+        return self.begin_run(job_id, key, run).holder
+
+    def begin_run(self, job_id: str, key: str, run: RunStart) -> RunBegun:
+        outcome: list[RunBegun] = [RunBegun()]
         self._change([(key, starting_run(job_id, run, outcome))])
+        return outcome[0]
+
+    def pass_on(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None
+    ) -> FollowUp | None:
+        outcome: list[FollowUp | None] = [None]
+        self._change([(key, passing_on(job_id, run, lease_ms, outcome))])
         return outcome[0]
 
     def rollback(self, claim: Claim) -> None:

@@ -50,6 +50,17 @@ class KeyKind(str, enum.Enum):
     WINDOW = "window"
 
 
+class OnDuplicate(str, enum.Enum):
+    """What a duplicate does to the job holding an active key (``unique_on_duplicate``)."""
+
+    #: Nothing: it is handed the holder.
+    REUSE = "reuse"
+    #: The holder runs with the duplicate's arguments; one re-run is owed if it runs already.
+    LATEST = "latest"
+    #: As ``LATEST``, and a holder that has not started yet starts later.
+    DEBOUNCE = "debounce"
+
+
 @dataclass(frozen=True, slots=True)
 class ActiveClaim:
     """Hold ``key`` for the job while it is queued/running (and retained, for ``exists``)."""
@@ -58,6 +69,13 @@ class ActiveClaim:
     scope: Scope
     #: Expire the hold after this long unless renewed; ``None`` holds until released.
     lease_ms: int | None
+    on_duplicate: OnDuplicate = OnDuplicate.REUSE
+    #: ``LATEST``/``DEBOUNCE``: the dispatch's arguments, encoded (opaque to the store).
+    arguments: str | None = None
+    #: ``DEBOUNCE``: a job that has not started starts this long after the last duplicate...
+    debounce_ms: int | None = None
+    #: ...but never later than this long after the dispatch that created it (``None``: no cap).
+    debounce_max_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +124,17 @@ class Verdict(str, enum.Enum):
         return self in (Verdict.CONFLICT, Verdict.COMPOSITION_CONFLICT)
 
 
+class Effect(str, enum.Enum):
+    """What a ``REUSED_ACTIVE`` duplicate did to the holder (``latest``/``debounce``)."""
+
+    #: The holder has not started: it will run with this dispatch's arguments.
+    ARGUMENTS_REPLACED = "arguments_replaced"
+    #: The same, and its start moved later (:attr:`Decision.starts_in_ms`).
+    POSTPONED = "postponed"
+    #: The holder runs: one run with this dispatch's arguments follows it.
+    RERUN_REQUESTED = "rerun_requested"
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     verdict: Verdict
@@ -113,6 +142,9 @@ class Decision:
     job_id: str
     policy_drift: bool = False
     conflicting_job_ids: tuple[str, ...] = ()
+    effect: Effect | None = None
+    #: ``debounce``: how long after the decision the job is planned to start.
+    starts_in_ms: int | None = None
 
 
 #: ``Release.keep_ms`` of a run that ended while its job goes on (retried,
@@ -131,6 +163,9 @@ HANDING_OVER = -3
 HAND_OVER_UNDONE = -4
 #: How a key handed over by run ``r`` is marked: ``HANDED_OVER_MARK + r``.
 HANDED_OVER_MARK = "^"
+#: The owed-run field of a key passed on by job ``j`` to its follow-up, until that
+#: starts: ``PASSED_ON_MARK + j`` (see :meth:`Store.pass_on`).
+PASSED_ON_MARK = "<"
 
 
 class Release(NamedTuple):
@@ -158,6 +193,32 @@ class RunStart:
     scope: Scope
     task: str
     lease_ms: int | None
+    #: The job's duplicates may have left it arguments or a later start
+    #: (``latest``/``debounce``): :meth:`Store.begin_run` reports them.
+    follows_duplicates: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunBegun:
+    """What :meth:`Store.begin_run` found."""
+
+    #: Another job holds the key: this delivery is stale and must not run.
+    holder: str | None = None
+    #: The arguments the latest duplicate left (encoded), to run with.
+    arguments: str | None = None
+    #: The job's planned start is this far off: it was not marked and must not run yet.
+    wait_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """The owed run that took a finished job's key over (:meth:`Store.pass_on`)."""
+
+    job_id: str
+    #: The latest duplicate's arguments (encoded), to publish it with.
+    arguments: str
+    #: The task to publish it as (the one that wrote the key).
+    task: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +241,14 @@ class HeldKey:
     since_ms: int | None = None
     #: The delivery of the job running now, if one is (see :meth:`Store.start_run`).
     run: str | None = None
+    #: What the job does with its duplicates (its dispatch's ``unique_on_duplicate``).
+    on_duplicate: OnDuplicate = OnDuplicate.REUSE
+    #: The job owed a run after this one (``latest``/``debounce``), if one is.
+    owed: str | None = None
+    #: The arguments the latest duplicate left, encoded (``latest``/``debounce``).
+    arguments: str | None = None
+    #: ``debounce``: the job's planned start is this far off (``None``: none, or passed).
+    starts_in_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +357,28 @@ class Store(ABC):
         delivery is a copy of a job whose key moved on, and must not run. A
         job that handed its key over while it ran (self-rescheduling) runs
         on without it. Stores that cannot mark runs return ``None``.
+        """
+        return None
+
+    def begin_run(self, job_id: str, key: str, run: RunStart) -> RunBegun:
+        """:meth:`start_run`, and what the job's duplicates left it.
+
+        With ``run.follows_duplicates``: a job whose planned start has not come
+        is not marked (:attr:`RunBegun.wait_ms`); a job that is marked gets the
+        arguments the latest duplicate stored (:attr:`RunBegun.arguments`).
+        """
+        return RunBegun(holder=self.start_run(job_id, key, run))
+
+    def pass_on(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None
+    ) -> FollowUp | None:
+        """Hand the active ``key`` of ``job_id``, whose run ``run`` ended for good, to the run
+        its duplicates are owed, if one is; the caller publishes it.
+
+        Atomic: the key moves to the owed job (unstarted, with a fresh lease)
+        or stays as it is. Asked again after it moved, it names the same job
+        (an answer lost on the way). ``None``: no run is owed (or the key is
+        not the job's, or another delivery of the job runs now).
         """
         return None
 

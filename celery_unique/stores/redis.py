@@ -12,13 +12,14 @@ import functools
 import importlib.resources
 import json
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.keyspace import PREFIX, split_storage_key
-from celery_unique.stores._records import claim_keys
+from celery_unique.stores._records import claim_keys, owed_run
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,
@@ -28,10 +29,14 @@ from celery_unique.stores.base import (
     Claim,
     DecidedAlready,
     Decision,
+    Effect,
+    FollowUp,
     HeldKey,
     KeyKind,
+    OnDuplicate,
     PendingDecisions,
     Release,
+    RunBegun,
     RunStart,
     Scope,
     Store,
@@ -56,6 +61,9 @@ _SPECIAL_KEEPS = {
     HAND_OVER_UNDONE: "v",
 }
 _RS = "\x1e"
+#: How decide.lua spells each ``OnDuplicate``.
+_ON_DUPLICATE = {OnDuplicate.REUSE: "", OnDuplicate.LATEST: "l", OnDuplicate.DEBOUNCE: "d"}
+_FOLLOWS = {char: policy for policy, char in _ON_DUPLICATE.items()}
 #: Connections a store's pool opens at most (``?max_connections=`` in the URL overrides it).
 POOL_CONNECTIONS = 100
 
@@ -147,7 +155,7 @@ class RedisStore(Store):
         self._redis = _import_redis()
         self._scripts = {
             name: client.register_script(script_source(name))
-            for name in ("decide", "release", "rollback", "renew", "forget", "start")
+            for name in ("decide", "release", "rollback", "renew", "forget", "start", "pass_on")
         }
         self._pool = getattr(client, "connection_pool", None)
         self._lanes = Lanes(self._pool) if Lanes.suits(self._pool) else None
@@ -285,6 +293,10 @@ class RedisStore(Store):
                 window.fingerprint if window else "",
                 window.policy if window else "",
                 claim.handoff_from or "",
+                _ON_DUPLICATE[active.on_duplicate] if active else "",
+                (active.arguments or "") if active else "",
+                _ms(active.debounce_ms) if active else "",
+                _ms(active.debounce_max_ms) if active else "",
             ]
         return keys, args
 
@@ -339,10 +351,26 @@ class RedisStore(Store):
         return identity is not None
 
     def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
+        return self.begin_run(job_id, key, run).holder
+
+    def begin_run(self, job_id: str, key: str, run: RunStart) -> RunBegun:
         task = "" if split_storage_key(key)[2] == run.task else run.task
-        lease = "" if run.lease_ms is None else run.lease_ms
-        args = [job_id, run.run, SCOPE_CHARS[run.scope], task, lease]
-        return _text(self._call("start", [key], args)) or None
+        follows = "1" if run.follows_duplicates else ""
+        args = [job_id, run.run, SCOPE_CHARS[run.scope], task, _ms(run.lease_ms), follows]
+        reply = _text(self._call("start", [key], args))
+        if not reply.startswith(_RS):
+            return RunBegun(holder=reply or None)
+        kind, value = reply[1], reply[2:]
+        return RunBegun(wait_ms=int(value)) if kind == "W" else RunBegun(arguments=value)
+
+    def pass_on(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None
+    ) -> FollowUp | None:
+        reply = _text(self._call("pass_on", [key], [job_id, run or "", _ms(lease_ms)]))
+        if not reply:
+            return None
+        owed, task, arguments = reply.split(_US, 2)
+        return FollowUp(owed, arguments, task or split_storage_key(key)[2])
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         return self.renew_many([(job_id, key) for key in keys], lease_ms)
@@ -596,13 +624,22 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _ms(value: int | None) -> int | str:
+    return "" if value is None else value
+
+
 def _decision(result: str) -> Decision:
-    verdict, job_id, drift, *conflicting = result.split(_US)
+    verdict, job_id, drift, *rest = result.split(_US)
+    decided = Verdict(verdict)
+    if decided.failed:
+        return Decision(decided, job_id, policy_drift=drift == "1", conflicting_job_ids=tuple(rest))
+    effect, starts_in = ([*rest, "", ""])[:2]
     return Decision(
-        Verdict(verdict),
+        decided,
         job_id,
         policy_drift=drift == "1",
-        conflicting_job_ids=tuple(conflicting),
+        effect=Effect(effect) if effect else None,
+        starts_in_ms=int(starts_in) if starts_in else None,
     )
 
 
@@ -618,9 +655,9 @@ def _stored_task(claim: Claim) -> str:
 
 
 def _held(key: str, value: bytes, ttl: int) -> HeldKey:
-    # Values written by earlier versions have six or seven fields.
+    # Values written by earlier versions have fewer fields.
     kind, finished, job_id, task, fingerprint, policy, *rest = value.decode().split(_US)
-    since, run = ([*rest, "", ""])[:2]
+    since, run, _, follows, owed, arguments, due, _ = ([*rest, *[""] * 8])[:8]
     task = task or split_storage_key(key)[2]
     is_window = kind == "w"
     return HeldKey(
@@ -635,4 +672,17 @@ def _held(key: str, value: bytes, ttl: int) -> HeldKey:
         policy=policy or None,
         since_ms=int(since) if since else None,
         run=run or None,
+        on_duplicate=_FOLLOWS.get(follows, OnDuplicate.REUSE),
+        owed=owed_run(owed),
+        arguments=arguments or None,
+        starts_in_ms=_starts_in(due),
     )
+
+
+def _starts_in(due: str) -> int | None:
+    """ms until a planned start (``due``, the server's clock), read on this host's clock
+    (for people: a planned start is enforced on the server's)."""
+    if not due:
+        return None
+    left = int(due) - time.time_ns() // 1_000_000
+    return left if left > 0 else None

@@ -16,10 +16,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import cast
 
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores import _records
-from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, Scope
+from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, OnDuplicate, Scope
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS celery_unique_keys (
@@ -34,16 +35,30 @@ CREATE TABLE IF NOT EXISTS celery_unique_keys (
     policy TEXT,
     since INTEGER,
     run TEXT,
-    handed_from TEXT
+    handed_from TEXT,
+    on_duplicate TEXT,
+    owed TEXT,
+    arguments TEXT,
+    due INTEGER,
+    cap INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
 """
 _COLUMNS = (
     "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, "
-    "run, handed_from"
+    "run, handed_from, on_duplicate, owed, arguments, due, cap"
 )
 #: Columns a file made by an earlier version may lack, with their types.
-_LATER_COLUMNS = {"since": "INTEGER", "run": "TEXT", "handed_from": "TEXT"}
+_LATER_COLUMNS = {
+    "since": "INTEGER",
+    "run": "TEXT",
+    "handed_from": "TEXT",
+    "on_duplicate": "TEXT",
+    "owed": "TEXT",
+    "arguments": "TEXT",
+    "due": "INTEGER",
+    "cap": "INTEGER",
+}
 #: Expired rows are swept at most this often, so decisions stay one short transaction.
 _SWEEP_EVERY_MS = 30_000
 
@@ -60,6 +75,11 @@ Row = tuple[
     "int | None",
     "str | None",
     "str | None",
+    "str | None",
+    "str | None",
+    "str | None",
+    "int | None",
+    "int | None",
 ]
 
 
@@ -69,7 +89,10 @@ def _now() -> int:
 
 def _record(row: Row) -> _records.Record:
     _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, *rest = row
-    run, handed = rest
+    run, handed, follows, owed, arguments, due, cap = cast(
+        "tuple[str | None, str | None, str | None, str | None, str | None, int | None, int | None]",
+        tuple(rest),
+    )
     return _records.Record(
         job_id=job_id,
         task=task,
@@ -82,6 +105,11 @@ def _record(row: Row) -> _records.Record:
         since=since,
         run=run,
         handed_from=handed,
+        on_duplicate=OnDuplicate(follows) if follows else OnDuplicate.REUSE,
+        owed=owed,
+        arguments=arguments,
+        due=due,
+        cap=cap,
     )
 
 
@@ -203,6 +231,11 @@ class SQLiteStore(_records.RecordStore):
                 r.since,
                 r.run,
                 r.handed_from,
+                None if r.on_duplicate is OnDuplicate.REUSE else r.on_duplicate.value,
+                r.owed,
+                r.arguments,
+                r.due,
+                r.cap,
             )
             for key, r in writes.items()
             if r is not None
@@ -212,7 +245,7 @@ class SQLiteStore(_records.RecordStore):
         if upserts:
             conn.executemany(
                 f"INSERT OR REPLACE INTO celery_unique_keys ({_COLUMNS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"VALUES ({', '.join('?' * len(_COLUMNS.split(',')))})",
                 upserts,
             )
 

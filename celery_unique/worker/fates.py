@@ -62,8 +62,8 @@ from celery_unique.config import runtime
 from celery_unique.dispatch import release_at
 from celery_unique.headers import HEADER, VERSION, KeyHeader
 from celery_unique.signals import ReleaseReason, emit_released
-from celery_unique.stores.base import GOES_ON, RUNNING, Release
-from celery_unique.worker import runs
+from celery_unique.stores.base import GOES_ON, HAND_OVER_UNDONE, RUNNING, Release
+from celery_unique.worker import follow_up, runs
 
 
 class Replaced(Ignore):
@@ -93,6 +93,7 @@ class Fate:
         "decided",
         "deferred",
         "ended",
+        "handing_over",
         "header",
         "job_id",
         "message",
@@ -123,6 +124,10 @@ class Fate:
         self.continued = False
         self.resent: resend.Resend | None = None
         self.decided = False
+        #: The run may have handed its key to a replacement: it was replaced, or cut
+        #: short (a replacement may have left just before). Any other end was
+        #: reported by the run itself, which sent no replacement.
+        self.handing_over = True
         #: Releases of other deliveries of the job that wait for this one's decision.
         self.deferred: list[Callable[[], None]] = []
 
@@ -139,7 +144,13 @@ class Fate:
             self._owe_run_write(RUNNING)
 
     def run_ended(
-        self, *, pid: int | None, cut_short: bool, continued: bool, stale: bool = False
+        self,
+        *,
+        pid: int | None,
+        cut_short: bool,
+        continued: bool,
+        stale: bool = False,
+        replaced: bool = False,
     ) -> None:
         """Note the end of the run; :meth:`check` after Celery settled the message."""
         with _lock:
@@ -147,6 +158,7 @@ class Fate:
             self.ended = True
             self.continued = self.continued or continued
             self.stale = self.stale or stale
+            self.handing_over = cut_short or replaced
             if cut_short and pid is not None and pid != os.getpid():
                 self.pool_child = pid
 
@@ -175,21 +187,30 @@ class Fate:
         elif not keep:
             self._release(finished=True)
         elif self.ran and self.run is not None:
-            self._owe_run_write(GOES_ON)  # the job goes on in another delivery
+            self._owe_run_write(*self._undo_hand_over(), GOES_ON)  # goes on elsewhere
         for release in waiting:
             release()
 
-    def _owe_run_write(self, what: int) -> None:
+    def _owe_run_write(self, *writes: int) -> None:
         """Owe the store the start (:data:`RUNNING`) or the end (:data:`GOES_ON`) of this
-        delivery's run on its key."""
+        delivery's run on its key, in order."""
         key = self.header.get("a")
         if key:
             rt = runtime(self.app)
+            *first, last = (Release(self.job_id, key, what, self.run) for what in writes)
             cleanup.release(
                 rt.store,
-                Release(self.job_id, key, what, self.run),
+                last,
                 within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
+                first=first,
             )
+
+    def _undo_hand_over(self) -> tuple[int, ...]:
+        """The write that takes back a hand-over mark the run left: a run that reports
+        its own end sent no replacement (``replace()`` turns a send into ``Replaced``),
+        but a time limit or the store can have stopped it from taking the mark back,
+        and the mark would keep the key from the run's release until the lease."""
+        return () if self.handing_over else (HAND_OVER_UNDONE,)
 
     def _release(self, *, finished: bool) -> None:
         hold = release_at(self.job_id, self.header, finished=finished)
@@ -200,11 +221,14 @@ class Fate:
         # The end of the run goes first, and goes even if the release never does
         # (an acknowledgement that failed): a copy of the message the broker
         # delivers again must not find the key marked by a run that is over.
-        ended = None
+        ended: list[Release] = []
         if finished and self.ran:
             hold = hold._replace(run=self.run)
             if self.run is not None:
-                ended = Release(self.job_id, hold.key, GOES_ON, self.run)
+                ended = [
+                    Release(self.job_id, hold.key, what, self.run)
+                    for what in (*self._undo_hand_over(), GOES_ON)
+                ]
         app, job_id = self.app, self.job_id
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
@@ -214,6 +238,10 @@ class Fate:
                 emit_released(app, job_id, hold.key, reason=reason, kept=hold.keep_ms != 0)
 
         message = self.message if finished else None
+        passes_on = None
+        if finished and self.header.get("p"):
+            # latest/debounce: a run owed by duplicates takes the key over first.
+            passes_on = follow_up.passer(app, job_id, self.header, hold.run, self.message)
         cleanup.release(
             rt.store,
             hold,
@@ -222,6 +250,7 @@ class Fate:
             after_exit_of=self.pool_child if finished else None,
             after=(lambda: forgotten(message)) if message is not None else None,
             first=ended,
+            before=passes_on,
         )
 
     def _waits_for_an_earlier_run(self) -> bool:
@@ -326,6 +355,7 @@ class FateMixin:
             cut_short=isinstance(exc, _CUT_SHORT),
             continued=isinstance(exc, Retry | Replaced | runs.Deferred),
             stale=isinstance(exc, runs.Stale),
+            replaced=isinstance(exc, Replaced),
         )
         if isinstance(exc, _RESENDING):
             # Celery may retry the job from here (task_retry_on_worker_lost): that

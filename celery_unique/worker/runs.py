@@ -46,12 +46,14 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore
 
 from celery_unique.config import runtime
+from celery_unique.duplicates import decode_arguments
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.headers import KeyHeader, read_header
 from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDING_OVER,
     Release,
+    RunBegun,
     RunStart,
     Scope,
     Store,
@@ -90,8 +92,9 @@ def assign(request_dict: dict[str, Any], header: KeyHeader) -> str | None:
     return run
 
 
-def begin(task: Any) -> str | None:
-    """Mark the key of the job ``task`` is about to run (pool); the other holder if stale.
+def begin(task: Any) -> RunBegun:
+    """Mark the key of the job ``task`` is about to run (pool): the other holder if stale,
+    and what the job's duplicates left it (``latest``/``debounce``).
 
     Raises :class:`StoreSilent` if the store does not answer in time, unless
     the app fails open: then the run goes ahead, and the mark the worker's
@@ -101,13 +104,15 @@ def begin(task: Any) -> str | None:
     request = task.request
     run = getattr(request, RUN_FIELD, None)
     if not run or request.is_eager or request.called_directly:
-        return None
+        return _GO_AHEAD
     header = read_header(request)
     key = header.get("a") if header else None
     if header is None or not key or header.get("s") not in _MARKED_SCOPES:
-        return None
+        return _GO_AHEAD
     rt = runtime(task.app)
-    start = RunStart(run, Scope(header["s"]), task.name, rt.lease_ms)
+    start = RunStart(
+        run, Scope(header["s"]), task.name, rt.lease_ms, follows_duplicates=bool(header.get("p"))
+    )
     try:
         return _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)
     except BackendUnavailable as exc:
@@ -118,18 +123,21 @@ def begin(task: Any) -> str | None:
             key,
             exc,
         )
-        return None
+        return _GO_AHEAD
+
+
+_GO_AHEAD = RunBegun()
 
 
 def _start_waiting(
     store: Store, job_id: str, key: str, start: RunStart, *, patient: bool
-) -> str | None:
+) -> RunBegun:
     deadline = time.monotonic() + STORE_WAIT_S
     gaps = iter(_RETRY_GAPS_S)
     failed: BackendUnavailable | None = None
     while True:
         try:
-            return store.start_run(job_id, key, start)
+            return store.begin_run(job_id, key, start)
         except BackendUnavailable as exc:
             if not patient:
                 raise
@@ -146,12 +154,36 @@ def _start_waiting(
         time.sleep(gap)
 
 
+def postpone(task: Any, wait_ms: int) -> Deferred:
+    """The job ``task`` was received before its planned start (``debounce``): send it again
+    for then; the exception that ends this delivery."""
+    _send_again(task, wait_ms / 1000)
+    logger.info(
+        "job %s is sent again, due in %.3f s: a duplicate moved its start later",
+        task.request.id,
+        wait_ms / 1000,
+    )
+    return Deferred(f"postponed by a duplicate; sent again, due in {wait_ms} ms")
+
+
+def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments the job's latest duplicate left, now the run's (and its retries')."""
+    args, kwargs = decode_arguments(task.app, stored)
+    request = task.request
+    request.args, request.kwargs = args, kwargs
+    return args, kwargs
+
+
+def _send_again(task: Any, countdown: float) -> None:
+    # The same job going on (the re-send keeps its id, keys and retry count),
+    # published without asking the store, as a retry is.
+    task.signature_from_request(task.request, countdown=countdown).apply_async()
+
+
 def defer(task: Any, silent: StoreSilent) -> Deferred:
     """Send the job ``task`` runs again, due later; the exception that ends this delivery."""
     request = task.request
-    # The same job going on (the re-send keeps its id, keys and retry count),
-    # published without asking the store, as a retry is.
-    task.signature_from_request(request, countdown=DEFER_S).apply_async()
+    _send_again(task, DEFER_S)
     logger.warning(
         "job %s is sent again, due in %s s: the uniqueness store did not answer before "
         "its run, and an unmarked run could overlap another job (%s)",

@@ -20,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.sql.compiler import SQLCompiler
 
 from celery_unique.stores._records import Record
-from celery_unique.stores.base import KeyKind, Scope
+from celery_unique.stores.base import KeyKind, OnDuplicate, Scope
 
 #: ``expires_at`` of a row a decision inserts only to lock a key nobody holds.
 PLACEHOLDER_EXPIRY = 0
@@ -107,6 +107,24 @@ class UniqueKey(models.Model):
     handed_from: models.TextField[str | None, str | None] = models.TextField(
         null=True, blank=True, help_text="The running job that handed the key over to this one."
     )
+    on_duplicate: models.CharField[str | None, str | None] = models.CharField(
+        max_length=8,
+        null=True,
+        blank=True,
+        help_text="latest or debounce: the job's duplicates change it; empty: reuse.",
+    )
+    owed: models.TextField[str | None, str | None] = models.TextField(
+        null=True, blank=True, help_text="The job owed a run once this one ends (latest/debounce)."
+    )
+    arguments: models.TextField[str | None, str | None] = models.TextField(
+        null=True, blank=True, help_text="The latest duplicate's arguments, encoded."
+    )
+    due: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(
+        null=True, blank=True, help_text="Debounce: the planned start, epoch milliseconds."
+    )
+    cap: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(
+        null=True, blank=True, help_text="Debounce: the latest planned start allowed."
+    )
 
     class Meta:
         db_table = "celery_unique_key"
@@ -145,6 +163,11 @@ class UniqueKey(models.Model):
             since=self.since,
             run=self.run,
             handed_from=self.handed_from,
+            on_duplicate=OnDuplicate(self.on_duplicate) if self.on_duplicate else OnDuplicate.REUSE,
+            owed=self.owed,
+            arguments=self.arguments,
+            due=self.due,
+            cap=self.cap,
         )
 
     def assign(self, record: Record) -> None:
@@ -159,6 +182,12 @@ class UniqueKey(models.Model):
         self.since = record.since
         self.run = record.run
         self.handed_from = record.handed_from
+        follows = record.on_duplicate
+        self.on_duplicate = None if follows is OnDuplicate.REUSE else follows.value
+        self.owed = record.owed
+        self.arguments = record.arguments
+        self.due = record.due
+        self.cap = record.cap
 
     @property
     def expires(self) -> datetime | None:
@@ -181,6 +210,11 @@ RECORD_FIELDS = [
     "since",
     "run",
     "handed_from",
+    "on_duplicate",
+    "owed",
+    "arguments",
+    "due",
+    "cap",
 ]
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from celery_unique.stores import open_store
 from celery_unique.stores.base import Store
+from tests.contract.test_duplicates_contract import *  # noqa: F403
 from tests.contract.test_store_contract import *  # noqa: F403  (the contract's tests)
 from tests.django.conftest import database_params, require_database
 

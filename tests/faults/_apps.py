@@ -25,6 +25,8 @@ from celery import Celery, signals
 JOB = "faults.job"
 #: The soak's task: count the run and record it, quickly.
 SOAK = "faults.soak"
+#: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
+FOLLOW = "faults.follow"
 #: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
 #: spelled out: a plain app never imports the plugin).
 KEY_HEADER = "celery_unique"
@@ -150,8 +152,32 @@ def unique_app(spec: Spec) -> Celery:
         unique_fail_open=spec.fail_open,
     )
     _define_tasks(app, spec, UniqueTask)
+    _define_follower(app, spec, UniqueTask)
     app.finalize()
     return app
+
+
+def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
+    @app.task(
+        name=FOLLOW,
+        shared=False,
+        bind=True,
+        base=base,
+        unique_key=lambda job: f"customer:{job['customer']}",
+        unique_while="active",
+        unique_on_duplicate="latest",
+        unique_overridable=True,
+    )
+    def follow(self: Any, customer: int, version: int, hold_s: float = 0.0) -> int:
+        """Note the start (``follow_started``), hold, then record ``[job id, version, start ns,
+        end ns]`` of the run (``follow``)."""
+        start = time.monotonic_ns()
+        marks = marks_client(spec.marks_url)
+        marks.rpush(f"{spec.marks}:follow_started", self.request.id)
+        time.sleep(hold_s)
+        record = [self.request.id, version, start, time.monotonic_ns()]
+        marks.rpush(f"{spec.marks}:follow", json.dumps(record))
+        return version
 
 
 def plain_app(spec: Spec) -> Celery:

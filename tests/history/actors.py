@@ -48,6 +48,28 @@ MODES = {
     "replace": 6,
 }
 SCOPES = ("queued", "active", "exists")
+#: The share of active/exists dispatches of chaos.job whose job follows its duplicates
+#: (``unique_on_duplicate``), and the share of those that debounce, with these delays.
+FOLLOWING = 0.4
+DEBOUNCING = 0.1
+DEBOUNCE_S = 0.15
+DEBOUNCE_MAX_S = 0.4
+#: The uniqueness options a producer passes on to a dispatch.
+DISPATCH_OPTIONS = (
+    "unique_while",
+    "unique_key",
+    "unique_prefix",
+    "unique_on_duplicate",
+    "unique_debounce",
+    "unique_debounce_max",
+)
+
+
+def following(meta: dict[str, Any]) -> dict[str, Any]:
+    """The fields a dispatch item of a job that follows its duplicates records."""
+    return {name: meta[name] for name in ("policy", "nonce") if name in meta}
+
+
 SOFT_LIMIT_S = 0.3
 HARD_LIMIT_S = 0.8
 
@@ -189,13 +211,19 @@ def build(spec: Spec, *, role: str) -> Celery:
     #: This pool child's run of each job whose body began, until Celery reports its end.
     runs_here: dict[str, int] = {}
 
-    def body(task: Any, key: str | None, mode: str, hold_ms: int) -> None:
+    #: When each run of this pool child went to the store before its body (task_prerun).
+    asked: dict[str, int] = {}
+
+    def body(task: Any, key: str | None, mode: str, hold_ms: int, nonce: str | None = None) -> None:
         """Record the run, play the mode, record how it ended."""
         job = task.request.id
         limits = {"limit_s": HARD_LIMIT_S} if mode in ("soft_limit", "hard_limit") else {}
+        follows = {"nonce": nonce, "asked": asked.pop(job, None)} if nonce else {}
         with soft_limit_deferred():
             run = int(marks(spec.marks_url).incr(f"{spec.namespace}:run:{job}"))
-            record("start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits)
+            record(
+                "start", job=job, run=run, key=key, pid=os.getpid(), t=now(), **limits, **follows
+            )
             runs_here[job] = run
         outcome = "ok"
         try:
@@ -257,7 +285,7 @@ def build(spec: Spec, *, role: str) -> Celery:
         **limits,
     )
     def job(self: Any, key: str, mode: str = "ok", hold_ms: int = 100, nonce: str = "") -> None:
-        body(self, key, mode, hold_ms)
+        body(self, key, mode, hold_ms, nonce)
 
     @app.task(name="chaos.given", bind=True, base=UniqueTask, **limits)
     def given(self: Any, key: str, mode: str = "ok", hold_ms: int = 100, nonce: str = "") -> None:
@@ -308,6 +336,15 @@ def build(spec: Spec, *, role: str) -> Celery:
             if isinstance(exception, TimeLimitExceeded):
                 record("timed_out", job=task_id, t=now())
 
+        def followed(job_id: str = "", rerun_of: str | None = None, **_: Any) -> None:
+            if rerun_of is not None:
+                record("followed", job=job_id, of=rerun_of, t=now())
+
+        def prerun(task_id: str = "", **_: Any) -> None:
+            asked[task_id] = now()
+
+        unique_signals.job_created.connect(followed, weak=False, dispatch_uid="chaos.followed")
+        signals.task_prerun.connect(prerun, weak=False, dispatch_uid="chaos.asked")
         unique_signals.key_released.connect(released, weak=False, dispatch_uid="chaos.released")
         signals.task_revoked.connect(revoked, weak=False, dispatch_uid="chaos.revoked")
         signals.task_received.connect(received, weak=False, dispatch_uid="chaos.received")
@@ -374,7 +411,10 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
             return {**item, **error_fields(result)}
         out = result.disposition.value
         match = result.duplicate_match.value if result.duplicate_match else None
-        return {**item, "out": out, "job": result.id, "match": match}
+        effect = (
+            "rerun" if result.rerun_requested else "replaced" if result.arguments_replaced else None
+        )
+        return {**item, "out": out, "job": result.id, "match": match, "effect": effect}
 
     def error_fields(error: Exception) -> dict[str, Any]:
         if not isinstance(error, UniquenessError):
@@ -405,7 +445,14 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
         options: dict[str, Any] = {"unique_while": scope}
         if task_name == "chaos.given":
             options.update(unique_key=key, unique_prefix=False)
-        return task, args, {"key": key, "scope": scope, **options}
+        follows: dict[str, Any] = {}
+        policy = draw.random() if task_name == "chaos.job" and scope != "queued" else 1.0
+        if policy < FOLLOWING:
+            options.update(unique_on_duplicate="debounce" if policy < DEBOUNCING else "latest")
+            if policy < DEBOUNCING:
+                options.update(unique_debounce=DEBOUNCE_S, unique_debounce_max=DEBOUNCE_MAX_S)
+            follows = {"policy": options["unique_on_duplicate"], "nonce": args["nonce"]}
+        return task, args, {"key": key, "scope": scope, **options, **follows}
 
     def window() -> tuple[Any, dict[str, Any], dict[str, Any]]:
         wkey = f"w{draw.randrange(spec.window_keys)}"
@@ -437,13 +484,9 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
                 signatures, items = [], []
                 for task, args, meta in parts:
                     jid = uuid.uuid4().hex
-                    options = {
-                        k: v
-                        for k, v in meta.items()
-                        if k in ("unique_while", "unique_key", "unique_prefix")
-                    }
+                    options = {k: v for k, v in meta.items() if k in DISPATCH_OPTIONS}
                     signatures.append(task.s(**args).set(task_id=jid, **options))
-                    items.append(item_for(task, jid, meta["key"], meta["scope"]))
+                    items.append(item_for(task, jid, meta["key"], meta["scope"], **following(meta)))
                 keep_going = draw.random() < 0.5
                 try:
                     results = dispatch_many(signatures, continue_on_conflict=keep_going)
@@ -475,12 +518,8 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
             else:
                 task, args, meta = active(draw.choice(["chaos.job", "chaos.job", "chaos.given"]))
                 jid = uuid.uuid4().hex
-                options = {
-                    k: v
-                    for k, v in meta.items()
-                    if k in ("unique_while", "unique_key", "unique_prefix")
-                }
-                item = item_for(task, jid, meta["key"], meta["scope"])
+                options = {k: v for k, v in meta.items() if k in DISPATCH_OPTIONS}
+                item = item_for(task, jid, meta["key"], meta["scope"], **following(meta))
                 try:
                     done = outcome(item, task.apply_async(kwargs=args, task_id=jid, **options))
                 except Exception as error:

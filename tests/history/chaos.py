@@ -435,6 +435,14 @@ def render(outcome: Outcome) -> str:
         ("conflicts", f"{counts['conflicts']:,}"),
         ("errors (store or broker unavailable)", f"{counts['errors']:,}"),
         ("runs", f"{counts['runs']:,}"),
+        *(
+            (name, f"{counts[name]:,}")
+            for name in (
+                "arguments replaced (latest/debounce)",
+                "runs owed (latest/debounce)",
+                "owed runs published",
+            )
+        ),
     ]
     rows += [(f"faults: {kind}", str(outcome.faults[kind])) for kind in FAULT_KINDS]
     rows += [

@@ -26,6 +26,8 @@ one clock for every process of a Linux machine):
 ``timed_out`` (a worker's main process): ``job``, ``t``: a run's hard time limit fired
     and its message was acknowledged (a child killed just before is not retried).
 ``settled`` (any process): ``proc``, ``t``: the process owed the store nothing any more.
+``followed`` (a worker's main process): ``job``, ``of``, ``t``: it published the run that
+    ``latest``/``debounce`` duplicates of job ``of`` owed it, as job ``job``.
 ``kill`` (the orchestrator): ``pids``, ``node``, ``t``, ``whole`` (the node) or a child.
 ``fault`` (the orchestrator): ``kind``, ``t0``, ``t1``: the store or broker was impaired.
 ``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
@@ -59,6 +61,18 @@ I4 nothing left behind
 I5 window keys
     For a window's whole length, the same request gets the same job, and a
     different request a conflict naming that job.
+I6 exactly one owed run
+    A job ends with at most one run published for its duplicates, and with
+    one when a duplicate was told a run was owed (unless its worker died).
+I7 latest arguments
+    A run of a job that follows its duplicates runs with the arguments of one
+    of its key's dispatches, never older than one that had returned, with
+    newer arguments for that job, before the run asked the store.
+
+Dispatch items of jobs that follow their duplicates carry ``policy``
+(``latest``/``debounce``) and ``nonce`` (the version of the arguments); their
+outcomes ``effect`` (``replaced``, ``rerun``); a run's ``start`` its ``nonce``
+and ``asked`` (when it went to the store for them).
 """
 
 from __future__ import annotations
@@ -85,13 +99,15 @@ AFTER_FAULT_NS = 5_000_000_000
 #: Slack at the edges of a window (the store's clock against the actors').
 WINDOW_SLACK_NS = 200_000_000
 
-INVARIANTS = ("I1", "I2", "I3", "I4", "I5")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
 DESCRIPTIONS = {
     "I1": "at most one run per active key at a time",
     "I2": "no phantom holder",
     "I3": "every created job ends",
     "I4": "nothing left behind",
     "I5": "window keys: same request same job, other request conflict",
+    "I6": "exactly one owed run",
+    "I7": "latest arguments",
 }
 
 
@@ -125,6 +141,9 @@ class Run:
     #: Its pool child was killed: the message is requeued (``reject_on_worker_lost``)
     #: and the job goes on, unless the main process timed the run out first.
     killed: bool = False
+    #: The version of the arguments it ran with, and when it asked the store for them.
+    nonce: str | None = None
+    asked: int | None = None
 
     @property
     def until(self) -> int | None:
@@ -150,6 +169,8 @@ class Job:
     timed_out: list[int] = field(default_factory=list)
     #: When a run of it failed before its body began.
     failed_unrun: list[int] = field(default_factory=list)
+    #: The job whose duplicates owed this one (published by a worker), if any.
+    follow_of: str | None = None
 
     def unheld_for(self, lease_ns: int, before: int) -> bool:
         """Whether, before ``before``, no worker held the job for long enough that its
@@ -264,6 +285,17 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
                 )
             elif item["out"] == "error":
                 failed[item["jid"]].append({**item, "proc": dispatch["proc"], "t1": dispatch["t1"]})
+    for event in sorted(history.of("followed"), key=_time):
+        ended = jobs.get(event["of"])
+        jobs[event["job"]] = Job(
+            event["job"],
+            ended.key if ended else None,
+            ended.scope if ended else None,
+            event["t"],
+            event,
+            ended.item if ended else {},
+            follow_of=event["of"],
+        )
     kills = sorted((int(e["t"]), set(e["pids"])) for e in history.of("kill"))
     runs: dict[tuple[str, int], Run] = {}
     for event in history.of("start"):
@@ -274,6 +306,8 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
             event["pid"],
             event["t"],
             limit_s=event.get("limit_s"),
+            nonce=event.get("nonce"),
+            asked=event.get("asked"),
         )
         runs[(run.job, run.number)] = run
     for event in history.of("end"):
@@ -326,6 +360,8 @@ def check(history: History) -> Report:
     violations += _unended(history, jobs, lost)
     violations += _left_behind(history, jobs)
     violations += _windows(history, jobs, failed)
+    violations += _owed_runs(history, jobs, failed)
+    violations += _latest_arguments(history, jobs)
     dispatches = list(history.of("dispatch"))
     items = [item for d in dispatches for item in d["items"]]
     counts = {
@@ -335,6 +371,11 @@ def check(history: History) -> Report:
         "conflicts": sum(item["out"] == "conflict" for item in items),
         "errors": sum(item["out"] == "error" for item in items),
         "runs": sum(1 for _ in history.of("start")),
+        "arguments replaced (latest/debounce)": sum(
+            item.get("effect") == "replaced" for item in items
+        ),
+        "runs owed (latest/debounce)": sum(item.get("effect") == "rerun" for item in items),
+        "owed runs published": sum(1 for _ in history.of("followed")),
         "lease lapses": len(lapses),
         "messages lost by the Redis transport": len(lost),
         "uncertain publishes that ran": len(
@@ -411,6 +452,8 @@ def _phantoms(
             t0 = dispatch["t0"]
             if job is None:
                 if _undone_later(failed.get(name, ()), settled, t0):
+                    continue
+                if _owed_and_lost(history, name, t0, lease_ns):
                     continue
                 found.append(
                     Violation(
@@ -569,6 +612,8 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
                 continue  # its message was lost by the broker: the lease will free it
             if job is not None and _run_died_with_its_node(history, job, snapshot["t"], lease_ns):
                 continue  # its run's mark stays: the lease will free it
+            if job is None and _owed_and_lost(history, held["job"], snapshot["t"], lease_ns):
+                continue  # an owed run its worker died before publishing: the lease frees it
             what = "a job no dispatch created" if job is None else f"job {held['job']}"
             found.append(
                 Violation(
@@ -578,6 +623,21 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
                 )
             )
     return found
+
+
+def _owed_and_lost(history: History, job_id: str, at: int, lease_ns: int) -> bool:
+    """Whether ``job_id`` is a run duplicates were owed that was never published because a
+    worker died (between taking the key over and publishing it), a lease or less before
+    ``at``."""
+    asked = [
+        dispatch["t0"]
+        for dispatch in history.of("dispatch")
+        for item in dispatch["items"]
+        if item.get("jid") == job_id and item.get("effect") == "rerun"
+    ]
+    if not asked:
+        return False
+    return any(min(asked) <= kill <= at < kill + lease_ns for kill in _node_kills(history))
 
 
 # -- I5 -------------------------------------------------------------------------------
@@ -665,10 +725,133 @@ def _windows(
 # -- reporting ------------------------------------------------------------------------------
 
 
+#: Orchestrator events shown in a violation's slice when they fall within its span.
+_CONTEXT = frozenset({"fault", "kill", "quiet"})
+#: A slice shows its first and last events, at most this many of each.
+_SLICE_ENDS = 40
+
+
+# -- I6 -------------------------------------------------------------------------------
+
+
+def _owed_runs(
+    history: History, jobs: dict[str, Job], failed: dict[str, list[dict[str, Any]]]
+) -> list[Violation]:
+    """At most one run published per ended job; one when a duplicate was told it is owed."""
+    found: list[Violation] = []
+    published: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in history.of("followed"):
+        published[event["of"]].append(event)
+    asked: dict[str, list[str]] = defaultdict(list)
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item.get("effect") == "rerun":
+                asked[item["job"]].append(item["jid"])
+    node_kills = _node_kills(history)
+    for ended, events in published.items():
+        if len(events) > 1:
+            found.append(
+                Violation(
+                    "I6",
+                    f"job {ended} ended with {len(events)} runs published for its duplicates",
+                    _slice(history, {ended, *(e["job"] for e in events)}),
+                )
+            )
+        for event in events:
+            if event["job"] not in asked.get(ended, ()) and event["job"] not in failed:
+                found.append(
+                    Violation(
+                        "I6",
+                        f"job {ended}'s owed run was published as {event['job']}, which no "
+                        "duplicate of it asked for",
+                        _slice(history, {ended, event["job"]}),
+                    )
+                )
+    for ended, jids in asked.items():
+        job = jobs.get(ended)
+        end = None if job is None else job.final_end()
+        if job is None or end is None or published.get(ended):
+            continue
+        last = max(job.runs, key=lambda run: (run.start, run.number), default=None)
+        if last is None or last.end is None or _release_died(end, node_kills):
+            continue  # cut short with its worker: nobody saw the end (the lease frees the key)
+        found.append(
+            Violation(
+                "I6",
+                f"job {ended} ended ({last.outcome}) and no run was published for the "
+                f"{len(jids)} duplicate(s) told a run was owed",
+                _slice(history, {ended, *jids}),
+            )
+        )
+    return found
+
+
+# -- I7 -------------------------------------------------------------------------------
+
+
+def _latest_arguments(history: History, jobs: dict[str, Job]) -> list[Violation]:
+    """Each run of a following job runs with the newest arguments it could have seen."""
+    found: list[Violation] = []
+    given: dict[str, list[tuple[str, int, int]]] = defaultdict(list)  # job -> (nonce, t0, t1)
+    nonces_by_key: dict[str | None, set[str]] = defaultdict(set)
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            nonce = item.get("nonce")
+            if nonce is None:
+                continue
+            nonces_by_key[item.get("key")].add(nonce)
+            if (item["out"] == "created" and item.get("policy")) or item.get("effect"):
+                given[item["job"]].append((nonce, dispatch["t0"], dispatch["t1"]))
+
+    def candidates(job: Job) -> list[tuple[str, int, int]]:
+        seen, own = set(), []
+        current: Job | None = job
+        while current is not None and current.id not in seen:
+            seen.add(current.id)
+            own += given.get(current.id, [])
+            current = jobs.get(current.follow_of) if current.follow_of else None
+        return own
+
+    for job in jobs.values():
+        if not (job.item.get("policy") or job.follow_of):
+            continue
+        offered = candidates(job)
+        for run in job.runs:
+            if run.nonce is None or run.asked is None:
+                continue
+            if run.nonce not in nonces_by_key.get(job.key, set()):
+                found.append(
+                    Violation(
+                        "I7",
+                        f"run {run.number} of job {job.id} ran with arguments {run.nonce!r}, "
+                        f"which no dispatch of key {job.key!r} gave",
+                        _slice(history, {job.id}),
+                    )
+                )
+                continue
+            used = [c for c in offered if c[0] == run.nonce]
+            if not used:
+                continue  # a dispatch whose answer was lost: its order is unknown
+            _, _, used_t1 = max(used, key=lambda c: c[2])
+            newer = [c for c in offered if c[1] > used_t1 and c[2] < run.asked]
+            if newer:
+                found.append(
+                    Violation(
+                        "I7",
+                        f"run {run.number} of job {job.id} ran with arguments {run.nonce!r}; "
+                        f"{newer[-1][0]!r}, dispatched after them, had returned "
+                        f"{_ms(run.asked - newer[-1][2])} before the run asked for its own",
+                        _slice(history, {job.id}),
+                    )
+                )
+    return found
+
+
 def _slice(
     history: History, jobs: set[str | None], around: int | None = None
 ) -> list[dict[str, Any]]:
-    """The events about ``jobs`` (and, with ``around``, the dispatch at that time)."""
+    """The events about ``jobs`` (and, with ``around``, the dispatch at that time), with
+    the faults and kills around them: what a reader needs to see why it went wrong."""
     picked = []
     for event in history.events:
         if event.get("job") in jobs or (
@@ -679,8 +862,25 @@ def _slice(
             )
         ):
             picked.append(event)
+    if picked:
+        begin = min(_time(event) for event in picked) - 1_000_000_000
+        end = max(int(event.get("t1", _time(event))) for event in picked) + 1_000_000_000
+        picked.extend(
+            event
+            for event in history.events
+            if event["e"] in _CONTEXT
+            and int(event.get("t1", _time(event))) >= begin
+            and _time(event) <= end
+        )
     picked.sort(key=_time)
-    return picked[:40]
+    if len(picked) > 2 * _SLICE_ENDS:
+        cut = len(picked) - 2 * _SLICE_ENDS
+        picked = [
+            *picked[:_SLICE_ENDS],
+            {"e": "elided", "t": _time(picked[_SLICE_ENDS]), "events": cut},
+            *picked[-_SLICE_ENDS:],
+        ]
+    return picked
 
 
 def _ms(ns: int | float) -> str:

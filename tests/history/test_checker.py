@@ -358,3 +358,74 @@ def test_i3_a_killed_run_goes_on_unless_its_time_limit_fired_first() -> None:
         released("J1", 1.95),
     )
     assert violations(timed_out) == {}
+
+
+# -- I6, I7: jobs that follow their duplicates ("latest", "debounce") -----------------
+
+
+def follows(job: str, nonce: str, **extra: Any) -> dict[str, Any]:
+    return created(job, policy="latest", nonce=nonce, **extra)
+
+
+def duplicate(job: str, jid: str, nonce: str, effect: str) -> dict[str, Any]:
+    return {**reused(job), "jid": jid, "policy": "latest", "nonce": nonce, "effect": effect}
+
+
+def run_with(job: str, nonce: str, asked: float, start: float, end: float) -> list[dict[str, Any]]:
+    first, last = run(job, start, end)
+    return [{**first, "nonce": nonce, "asked": int(asked * S)}, last]
+
+
+def followed(job: str, of: str, t: float) -> dict[str, Any]:
+    return {"e": "followed", "job": job, "of": of, "t": int(t * S)}
+
+
+def test_duplicates_of_a_running_job_followed_by_one_run_with_the_last_arguments_pass() -> None:
+    clean = history(
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.5, duplicate("J1", "F1", "n2", "rerun")),
+        dispatch(1.6, duplicate("J1", "F2", "n3", "rerun")),
+        followed("F1", "J1", 2.01),
+        run_with("F1", "n3", 2.05, 2.1, 2.5),
+    )
+    assert violations(clean) == {}
+
+
+def test_two_owed_runs_for_one_job_are_caught() -> None:
+    twice = history(
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.5, duplicate("J1", "F1", "n2", "rerun")),
+        followed("F1", "J1", 2.01),
+        followed("F1", "J1", 2.02),
+        run_with("F1", "n2", 2.05, 2.1, 2.5),
+    )
+    assert violations(twice).get("I6") == 1
+
+
+def test_an_owed_run_never_published_is_caught() -> None:
+    lost = history(
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.5, duplicate("J1", "F1", "n2", "rerun")),
+    )
+    assert violations(lost).get("I6") == 1
+
+
+def test_a_run_with_stale_arguments_is_caught() -> None:
+    """n3 returned (replacing n2's arguments) before the run asked: running with n2 is stale."""
+    stale = history(
+        dispatch(1.0, follows("J1", "n1")),
+        dispatch(1.1, duplicate("J1", "D2", "n2", "replaced")),
+        dispatch(1.2, duplicate("J1", "D3", "n3", "replaced")),
+        run_with("J1", "n2", 1.3, 1.31, 1.5),
+    )
+    assert violations(stale) == {"I7": 1}
+    fresh = history(
+        dispatch(1.0, follows("J1", "n1")),
+        dispatch(1.1, duplicate("J1", "D2", "n2", "replaced")),
+        dispatch(1.2, duplicate("J1", "D3", "n3", "replaced")),
+        run_with("J1", "n3", 1.3, 1.31, 1.5),
+    )
+    assert violations(fresh) == {}

@@ -18,7 +18,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -49,9 +50,30 @@ def marks_client(url: str) -> Any:
         return _clients[slot]
 
 
+@contextmanager
+def answering_late(store: Any, keep_ms: int, late_s: float) -> Iterator[None]:
+    """In this pool child, the store's answer to a ``keep_ms`` write comes ``late_s`` after
+    the write (a store slow to reply)."""
+    release_many = store.release_many
+
+    def late(releases: Any) -> Any:
+        answer = release_many(releases)
+        if any(release.keep_ms == keep_ms for release in releases):
+            time.sleep(late_s)
+        return answer
+
+    store.release_many = late
+    try:
+        yield
+    finally:
+        del store.release_many
+
+
 def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     """The app of one pass of the matrix (``producer``: with the task no worker knows)."""
     from celery_unique import UniqueTask
+    from celery_unique.config import runtime
+    from celery_unique.stores.base import HANDING_OVER
 
     app = Celery(f"paths-{spec['namespace']}", set_as_current=False)
     queues = [
@@ -187,6 +209,14 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         later = tail_sent_late.s(self.request.kwargs["key"]).set(countdown=SLOW_S)
         return self.replace(later)
 
+    tail_marked_slowly = task("tail_marked_slowly", work, base=Task)
+
+    def replace_marked_slowly(self: Any, run: int) -> Any:
+        # The store answers the hand-over mark past the soft time limit.
+        later = tail_marked_slowly.s(self.request.kwargs["key"])
+        with answering_late(runtime(self.app).store, HANDING_OVER, 1.0):
+            return self.replace(later)
+
     def hang_once_sent(sender: Any = None, **_: Any) -> None:
         # The replacement has left; the pool child now hangs until its hard time
         # limit kills it, before replace() could end the run as replaced.
@@ -211,6 +241,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_chain", replace_chain)
     task("replace_hard_limit", replace_then_cut, time_limit=1)
     task("replace_soft_limit", replace_then_limit, soft_time_limit=0.5)
+    task("replace_slow_mark", replace_marked_slowly, soft_time_limit=0.5)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

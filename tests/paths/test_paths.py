@@ -101,6 +101,12 @@ PATHS = (
         prefork_only=True,
     ),
     Path_(
+        "replace_slow_mark",
+        "`replace()` by a plain task, soft time limit while the store marks the hand-over",
+        2,
+        prefork_only=True,
+    ),
+    Path_(
         "replace_hard_limit",
         "`replace()` by a plain task, hard time limit once the replacement was sent",
         2,

@@ -14,7 +14,16 @@ from celery_unique import cleanup
 from celery_unique.config import runtime
 from celery_unique.headers import VERSION, KeyHeader
 from celery_unique.keyspace import ACTIVE, storage_key
-from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Store, Verdict
+from celery_unique.stores.base import (
+    HANDING_OVER,
+    ActiveClaim,
+    Claim,
+    Release,
+    RunStart,
+    Scope,
+    Store,
+    Verdict,
+)
 from celery_unique.worker.fates import Fate, Settled
 from tests.polling import eventually
 
@@ -74,3 +83,35 @@ def test_a_retry_dropped_before_its_attempt_was_reported_frees_the_key(app: Cele
     first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
     first.message_settled(Settled.FORGOTTEN)
     eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+
+
+def handed_over(store: Store, job: str, key: str) -> str:
+    """A run that marked ``key`` handed over to a replacement (``replace()`` before its send)."""
+    run = started_run(store, job, key)
+    assert store.release_many([Release(job, key, HANDING_OVER, run)]) == [True]
+    return run
+
+
+def test_a_run_that_reports_its_own_end_takes_back_a_hand_over_mark_it_left(app: Celery) -> None:
+    """``replace()`` marked the key, then failed before its send and could not take the
+    mark back (a soft time limit, a silent store): the run fails. No replacement carries
+    the job, so its release must free the key, not leave it to the lease."""
+    store, job, key, header = created(app, "unsent")
+    fate = Fate(app, job, header, Message("ACK"), run=handed_over(store, job, key))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+
+
+def test_a_run_cut_short_leaves_the_hand_over_mark_to_the_replacement(app: Celery) -> None:
+    """A hard time limit after the mark: the replacement may have left; the key stays."""
+    store, job, key, header = created(app, "maybe-sent")
+    fate = Fate(app, job, header, Message("ACK"), run=handed_over(store, job, key))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=True, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    record = store.get(key)
+    assert record is not None
+    assert record.job_id == job

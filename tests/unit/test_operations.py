@@ -458,6 +458,7 @@ def test_emit_created_sends_the_signal_without_logging(
             "job_id": "new",
             "active_key": "t:a",
             "window_key": "t:w",
+            "rerun_of": None,
         }
     ]
     assert caplog.records == []

@@ -6,8 +6,8 @@
 --   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
 -- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
 --
--- Value: nine fields joined by 0x1F (values written by earlier versions have six
--- or seven, and read with the missing ones empty):
+-- Value: fourteen fields joined by 0x1F (values written by earlier versions have
+-- fewer, and read with the missing ones empty):
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
 --   job_id    the job the key points at
@@ -18,6 +18,14 @@
 --   since     when a decision wrote the key: ms since the epoch, the server's clock
 --   run       active keys: the delivery of the job running now; "" when none is
 --   from      active keys: the running job that handed the key over to this one; ""
+--   follows   active keys: "l" | "d" when the job's dispatch chose latest | debounce,
+--             so that its duplicates change it; ""
+--   owed      active keys (latest/debounce): the job owed a run once this one ends;
+--             "<" .. j once job j passed the key on to it, until it starts; ""
+--   args      active keys (latest/debounce): the latest duplicate's arguments
+--             (encoded by the client, base64: never a 0x1F); ""
+--   due       active keys (debounce): the planned start, ms since the epoch; ""
+--   cap       active keys (debounce): the latest planned start allowed; ""
 -- Expiry is the key's own TTL, so time is always the server's clock.
 
 local US = "\31"
@@ -29,12 +37,32 @@ local function decode(value)
     f[#f + 1] = part
   end
   return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6],
-          since = f[7] or "", run = f[8] or "", from = f[9] or ""}
+          since = f[7] or "", run = f[8] or "", from = f[9] or "", follows = f[10] or "",
+          owed = f[11] or "", args = f[12] or "", due = f[13] or "", cap = f[14] or ""}
 end
 
 local function encode(r)
-  return table.concat({r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or "",
-                       r.run or "", r.from or ""}, US)
+  local fields = {r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or "",
+                  r.run or "", r.from or ""}
+  if (r.follows or "") ~= "" or (r.owed or "") ~= "" then
+    -- Only keys of latest/debounce jobs carry the last five: the others stay nine.
+    fields[10], fields[11], fields[12] = r.follows or "", r.owed or "", r.args or ""
+    fields[13], fields[14] = r.due or "", r.cap or ""
+  end
+  return table.concat(fields, US)
+end
+
+-- The job owed a run, from a record's field ("" once it was passed on).
+-- Whether the end of delivery `run` may end the hold r: no other delivery of the job
+-- runs, and `run` did not hand the job over to a replacement ("^" .. run).
+local function run_may_end(r, run)
+  if r.run == "" or r.run == run then return true end
+  return string.sub(r.run, 1, 1) == "^" and r.run ~= "^" .. run
+end
+
+local function owed_run(owed)
+  if owed == nil or owed == "" or string.sub(owed, 1, 1) == "<" then return "" end
+  return owed
 end
 
 -- The server's clock in ms since the epoch.

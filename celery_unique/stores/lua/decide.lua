@@ -2,13 +2,17 @@
 --
 -- KEYS: every distinct storage key the batch names (one hash slot).
 -- ARGV[1]: "1" all-or-nothing (any conflict: write nothing), "0" otherwise
--- ARGV[2]: number of claims N; then 10 fields per claim:
+-- ARGV[2]: number of claims N; then 14 fields per claim:
 --   job_id, task,
 --   active key index into KEYS (0: none), scope char (q|a|e), lease ms ("" none),
 --   window key index (0: none), window ms, fingerprint, policy,
---   handoff_from ("" none)
+--   handoff_from ("" none),
+--   on duplicate ("" reuse | "l" latest | "d" debounce), encoded arguments,
+--   debounce ms, debounce max ms ("" none)
 -- Returns: one string, a result per claim decided, results joined by 0x1E, each
---   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", conflicting ids...
+--   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", then
+--   conflicting ids... for a conflict; else effect ("" none | "arguments_replaced"
+--   | "postponed" | "rerun_requested"), ms until the planned start ("" none).
 --   verdict: "created" | "reused_active" | "reused_window"
 --            | "conflict" | "composition_conflict"
 --   (One bulk string instead of nested arrays: a client parses it in one step,
@@ -37,12 +41,14 @@ local function write(key, record, ttl)
 end
 
 for i = 0, count - 1 do
-  local base = 3 + i * 10
+  local base = 3 + i * 14
   local job, task = ARGV[base], ARGV[base + 1]
   local akey = tonumber(ARGV[base + 2]) > 0 and KEYS[tonumber(ARGV[base + 2])] or nil
   local scope, lease = ARGV[base + 3], ARGV[base + 4]
   local wkey = tonumber(ARGV[base + 5]) > 0 and KEYS[tonumber(ARGV[base + 5])] or nil
   local window_ms, fp, policy, handoff = ARGV[base + 6], ARGV[base + 7], ARGV[base + 8], ARGV[base + 9]
+  local follow, args = ARGV[base + 10], ARGV[base + 11]
+  local debounce, debounce_max = ARGV[base + 12], ARGV[base + 13]
 
   local held = akey and read(akey) or nil
   local holder = held and held.job or nil
@@ -67,13 +73,43 @@ for i = 0, count - 1 do
                                       fp = fp, policy = policy, since = since}, window_ms}
     end
     if held and not hands_off then
-      result = {"reused_active", holder, "0"}
+      result = {"reused_active", holder, "0", "", ""}
+      -- latest/debounce: an unfinished active/exists hold of the same task follows it.
+      if follow ~= "" and held.follows ~= "" and held.kind ~= "q" and held.kind ~= "w"
+          and held.finished ~= "1" and held.task == task then
+        local ttl = "keep"
+        if held.run ~= "" then
+          -- It runs: one run is owed after it, under the first asking duplicate's id.
+          if owed_run(held.owed) == "" then held.owed = job end
+          held.args = args
+          result[4] = "rerun_requested"
+        elseif follow == "d" and debounce ~= "" then
+          local now = tonumber(since)
+          local due = now + tonumber(debounce)
+          if held.cap ~= "" then due = math.min(due, tonumber(held.cap)) end
+          held.args, held.due = args, tostring(due)
+          local left = redis.call("PTTL", akey)
+          if lease ~= "" and left >= 0 and left < tonumber(lease) then ttl = lease end
+          result[4], result[5] = "postponed", tostring(due - now)
+        else
+          held.args = args
+          result[4] = "arguments_replaced"
+        end
+        pending[#pending + 1] = {akey, held, ttl}
+      end
     else
-      result = {"created", job, "0"}
+      result = {"created", job, "0", "", ""}
       if akey then
-        pending[#pending + 1] = {akey, {kind = scope, finished = "0", job = job, task = task,
-                                        fp = "", policy = "", since = since,
-                                        from = hands_off and holder or ""}, lease}
+        local record = {kind = scope, finished = "0", job = job, task = task, fp = "",
+                        policy = "", since = since, run = "", from = hands_off and holder or "",
+                        follows = follow, owed = "", args = "", due = "", cap = ""}
+        if follow == "d" and debounce ~= "" then
+          local now = tonumber(since)
+          record.due = tostring(now + tonumber(debounce))
+          if debounce_max ~= "" then record.cap = tostring(now + tonumber(debounce_max)) end
+          result[5] = debounce
+        end
+        pending[#pending + 1] = {akey, record, lease}
       end
     end
     for _, w in ipairs(pending) do write(w[1], w[2], w[3]) end
@@ -87,6 +123,12 @@ for i = 0, count - 1 do
 end
 
 if not (failed and all_or_nothing) then
-  for _, w in ipairs(writes) do put(w[1], encode(w[2]), w[3]) end
+  for _, w in ipairs(writes) do
+    if w[3] == "keep" then
+      redis.call("SET", w[1], encode(w[2]), "KEEPTTL")
+    else
+      put(w[1], encode(w[2]), w[3])
+    end
+  end
 end
 return table.concat(results, "\30")

@@ -33,7 +33,7 @@ for i, key in ipairs(KEYS) do
       redis.call("SET", key, encode(r), "KEEPTTL")
       done = "1"
     end
-  elseif mine and (r.run == "" or r.run == run or (handed and r.run ~= "^" .. run)) then
+  elseif mine and run_may_end(r, run) then
     if keep == "-" then
       if r.run ~= "" then
         r.run = ""

@@ -2,11 +2,15 @@
 --
 -- KEYS[1]: the active-type key
 -- ARGV[1]: job id; ARGV[2]: the delivery's run id; ARGV[3]: scope char (a|e);
--- ARGV[4]: task name to store ("" when the key names it); ARGV[5]: lease ms ("" none)
+-- ARGV[4]: task name to store ("" when the key names it); ARGV[5]: lease ms ("" none);
+-- ARGV[6]: "1" when the job follows its duplicates (latest/debounce)
 -- Returns: "" when the run may go ahead (the key is the job's now), else the id of
---   the other job that holds the key (nothing written).
+--   the other job that holds the key (nothing written). A job that follows its
+--   duplicates may get instead: 0x1E "W" ms: its planned start is ms away (nothing
+--   written); 0x1E "A" arguments: go ahead, with the latest duplicate's arguments.
 
 local key, job, run, scope, task, lease = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local follows = ARGV[6] == "1"
 local r = decode(redis.call("GET", key))
 if not r then
   -- Nobody holds it: the lease ran out, or another delivery of the job released it.
@@ -18,8 +22,12 @@ if r.job ~= job then
   if r.from == job then return "" end  -- handed over by this job while it ran
   return r.job
 end
+if follows and r.due ~= "" then
+  local wait = tonumber(r.due) - tonumber(now_ms())
+  if wait > 0 then return "\30W" .. tostring(wait) end
+end
 local ttl = redis.call("PTTL", key)
-r.run = run
+r.run, r.due, r.owed = run, "", owed_run(r.owed)
 if r.finished == "1" then
   r.finished = "0"
   put(key, encode(r), lease)
@@ -28,4 +36,5 @@ elseif lease ~= "" and ttl >= 0 and ttl < tonumber(lease) then
 else
   redis.call("SET", key, encode(r), "KEEPTTL")
 end
+if follows and r.args ~= "" then return "\30A" .. r.args end
 return ""

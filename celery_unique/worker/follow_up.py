@@ -1,0 +1,81 @@
+"""The run a ``latest``/``debounce`` job's duplicates are owed, published as the job ends.
+
+A duplicate that met the job running left its arguments and the id of one
+owed run with the key (:mod:`celery_unique.duplicates`). When the job ends for
+good, the worker's main process, which frees the key, first asks the store to
+hand the key to that run (:meth:`~celery_unique.stores.base.Store.pass_on`: one
+atomic step, so however many duplicates came, one run is owed and one takes
+the key) and publishes it, with the latest arguments, to the queue the job
+came from. Only then is the job's own release sent: it finds the key moved on
+and leaves it.
+
+Both steps are retried in the background until they succeed, within the
+key's lease: asked again, the store names the same owed run, so a publish that
+failed is tried again rather than lost. A worker that dies between the two
+steps leaves the key with a job that was never published: its lease frees it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery_unique import resend, signals
+from celery_unique.config import runtime
+from celery_unique.duplicates import decode_arguments
+from celery_unique.headers import KeyHeader
+from celery_unique.stores.base import FollowUp
+
+logger = logging.getLogger("celery_unique")
+
+
+def passer(
+    app: Any, job_id: str, header: KeyHeader, run: str | None, message: Any
+) -> Callable[[], None]:
+    """What passes the key of ``job_id`` (whose delivery ``run`` ended for good) to its
+    owed run, and publishes that run; raises (to be retried) while either fails."""
+
+    def pass_on() -> None:
+        rt = runtime(app)
+        owed = rt.store.pass_on(job_id, header["a"], run, rt.lease_ms)
+        if owed is not None:
+            _publish(app, job_id, header, owed, message)
+
+    return pass_on
+
+
+def _publish(app: Any, job_id: str, header: KeyHeader, owed: FollowUp, message: Any) -> None:
+    task = app.tasks[owed.task]
+    info = getattr(message, "delivery_info", None) or {}
+    properties = getattr(message, "properties", None) or {}
+    route = {
+        name: value
+        for name, value in (
+            ("exchange", info.get("exchange")),
+            ("routing_key", info.get("routing_key")),
+            ("priority", properties.get("priority", info.get("priority"))),
+        )
+        if value is not None
+    }
+    args, kwargs = decode_arguments(app, owed.arguments)
+    try:
+        # Published without asking the store: the key is the owed run's already.
+        with resend.resending(owed.job_id, header):
+            task.apply_async(args, kwargs, task_id=owed.job_id, **route)
+    except Exception as exc:
+        logger.warning(
+            "job %s ended owing a run to its duplicates; publishing it (job %s) failed, "
+            "tried again shortly: %r",
+            job_id,
+            owed.job_id,
+            exc,
+        )
+        raise
+    logger.info(
+        "job %s ended with a run owed to its duplicates: job %s published, with the latest "
+        "arguments",
+        job_id,
+        owed.job_id,
+    )
+    signals.emit_rerun_published(task, job_id, owed.job_id, header["a"])

@@ -1,0 +1,197 @@
+"""The store contract for ``unique_on_duplicate`` ("latest", "debounce"), held against every store.
+
+A duplicate that meets an unstarted job leaves its arguments (and, for
+debounce, a later start); one that meets a running job owes one run, handed
+the key when the job ends (``pass_on``). Arguments are opaque to stores.
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery_unique.stores.base import (
+    ActiveClaim,
+    Claim,
+    Effect,
+    FollowUp,
+    OnDuplicate,
+    Release,
+    RunStart,
+    Scope,
+    Store,
+    Verdict,
+)
+
+A = "unique:v1:{ns}:a:tasks.reindex\x1fcustomer:42"
+LONG = 60_000
+
+
+def claim(
+    job: str,
+    arguments: str,
+    policy: OnDuplicate = OnDuplicate.LATEST,
+    scope: Scope = Scope.ACTIVE,
+    debounce: int | None = None,
+    debounce_max: int | None = None,
+    task: str = "tasks.reindex",
+) -> Claim:
+    return Claim(
+        job,
+        task,
+        ActiveClaim(A, scope, LONG, policy, arguments, debounce, debounce_max),
+    )
+
+
+def begin(store: Store, job: str, run: str):
+    return store.begin_run(
+        job, A, RunStart(run, Scope.ACTIVE, "tasks.reindex", LONG, follows_duplicates=True)
+    )
+
+
+def test_a_duplicate_of_an_unstarted_job_leaves_its_arguments_for_the_run(store: Store) -> None:
+    assert store.decide([claim("j1", "args-1")])[0].verdict is Verdict.CREATED
+    reused = store.decide([claim("d1", "args-2")])[0]
+    assert (reused.verdict, reused.job_id, reused.effect) == (
+        Verdict.REUSED_ACTIVE,
+        "j1",
+        Effect.ARGUMENTS_REPLACED,
+    )
+    store.decide([claim("d2", "args-3")])
+    begun = begin(store, "j1", "r1")
+    assert (begun.holder, begun.arguments, begun.wait_ms) == (None, "args-3", None)
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.owed) == ("j1", "r1", None)
+
+
+def test_duplicates_of_a_running_job_owe_exactly_one_run_with_the_last_arguments(
+    store: Store,
+) -> None:
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    for number in range(2, 6):
+        decision = store.decide([claim(f"d{number}", f"args-{number}")])[0]
+        assert (decision.job_id, decision.effect) == ("j1", Effect.RERUN_REQUESTED)
+    held = store.get(A)
+    assert held is not None
+    assert (held.owed, held.arguments) == ("d2", "args-5")
+
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d2", "args-5", "tasks.reindex")
+    # Asked again (its answer lost): the same run, not another.
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d2", "args-5", "tasks.reindex")
+    # The job's own release finds the key moved on.
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [False]
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.owed) == ("d2", None, None)
+
+    begun = begin(store, "d2", "r2")
+    assert (begun.holder, begun.arguments) == (None, "args-5")
+    assert store.pass_on("d2", A, "r2", LONG) is None  # nothing owed any more
+    assert store.pass_on("j1", A, "r1", LONG) is None  # the follow-up started: j1 is done
+    assert store.release_many([Release("d2", A, 0, "r2")]) == [True]
+    assert store.get(A) is None
+
+
+def test_a_duplicate_while_the_follow_up_waits_gives_it_newer_arguments(store: Store) -> None:
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    store.decide([claim("d1", "args-2")])
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d1", "args-2", "tasks.reindex")
+    decision = store.decide([claim("d2", "args-3")])[0]
+    assert (decision.job_id, decision.effect) == ("d1", Effect.ARGUMENTS_REPLACED)
+    assert begin(store, "d1", "r2").arguments == "args-3"
+
+
+def test_no_run_owed_or_another_delivery_running_passes_nothing_on(store: Store) -> None:
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    assert store.pass_on("j1", A, "r1", LONG) is None
+    store.decide([claim("d1", "args-2")])
+    begin(store, "j1", "r9")  # a second delivery of j1 runs now
+    assert store.pass_on("j1", A, "r1", LONG) is None
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.owed) == ("j1", "r9", "d1")
+
+
+def test_a_follow_up_that_could_not_be_published_gives_the_key_back(store: Store) -> None:
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    store.decide([claim("d1", "args-2")])
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d1", "args-2", "tasks.reindex")
+    store.rollback(
+        Claim("d1", "tasks.reindex", ActiveClaim(A, Scope.ACTIVE, None), handoff_from="j1")
+    )
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [True]
+    assert store.get(A) is None
+
+
+def test_debounce_plans_the_start_and_each_duplicate_moves_it_up_to_the_cap(store: Store) -> None:
+    created = store.decide(
+        [claim("j1", "args-1", OnDuplicate.DEBOUNCE, debounce=400, debounce_max=600)]
+    )[0]
+    assert (created.verdict, created.starts_in_ms) == (Verdict.CREATED, 400)
+    early = begin(store, "j1", "r0")
+    assert early.wait_ms is not None
+    assert 0 < early.wait_ms <= 400
+    assert store.get(A).run is None  # type: ignore[union-attr]  # not marked: it did not run
+
+    time.sleep(0.3)
+    moved = store.decide([claim("d1", "args-2", OnDuplicate.DEBOUNCE, debounce=400)])[0]
+    assert moved.effect is Effect.POSTPONED
+    # 400 ms after the duplicate would be 700 ms after the first dispatch: capped at 600.
+    assert moved.starts_in_ms is not None
+    assert 0 < moved.starts_in_ms <= 300
+    held = store.get(A)
+    assert held is not None
+    assert held.starts_in_ms is not None
+    assert held.starts_in_ms <= 300
+
+    time.sleep(moved.starts_in_ms / 1000 + 0.05)
+    begun = begin(store, "j1", "r1")
+    assert (begun.wait_ms, begun.arguments) == (None, "args-2")
+    held = store.get(A)
+    assert held is not None
+    assert (held.run, held.starts_in_ms) == ("r1", None)
+    running = store.decide([claim("d2", "args-3", OnDuplicate.DEBOUNCE, debounce=400)])[0]
+    assert running.effect is Effect.RERUN_REQUESTED
+
+
+def test_in_batch_duplicates_follow_in_order(store: Store) -> None:
+    decisions = store.decide([claim("j1", "args-1"), claim("d1", "args-2"), claim("d2", "args-3")])
+    assert [d.verdict for d in decisions] == [Verdict.CREATED, *[Verdict.REUSED_ACTIVE] * 2]
+    assert [d.effect for d in decisions] == [None, *[Effect.ARGUMENTS_REPLACED] * 2]
+    assert begin(store, "j1", "r1").arguments == "args-3"
+
+
+def test_a_job_whose_dispatch_did_not_choose_to_follow_is_never_owed_a_run(store: Store) -> None:
+    """Its worker will not pass its key on: a duplicate asking for more is a plain reuse."""
+    store.decide([claim("j1", "args-1", OnDuplicate.REUSE)])
+    queued = store.decide([claim("d1", "args-2")])[0]
+    assert (queued.job_id, queued.effect) == ("j1", None)
+    begin(store, "j1", "r1")
+    running = store.decide([claim("d2", "args-3")])[0]
+    assert (running.job_id, running.effect) == ("j1", None)
+    held = store.get(A)
+    assert held is not None
+    assert (held.owed, held.arguments) == (None, None)
+    assert store.pass_on("j1", A, "r1", LONG) is None
+
+
+def test_only_an_unfinished_hold_of_the_same_task_follows(store: Store) -> None:
+    # reuse: nothing stored.
+    store.decide([claim("j1", "args-1")])
+    plain = store.decide([claim("d1", "args-2", OnDuplicate.REUSE)])[0]
+    assert plain.effect is None
+    # another task sharing the key never hands its arguments to this job.
+    other = store.decide([claim("d2", "args-3", task="tasks.other")])[0]
+    assert (other.job_id, other.effect) == ("j1", None)
+    assert begin(store, "j1", "r1").arguments is None
+    # a finished (retained) job is reused as it is.
+    store.release_many([Release("j1", A, LONG, "r1")])
+    finished = store.decide([claim("d3", "args-4", scope=Scope.EXISTS)])[0]
+    assert (finished.job_id, finished.effect) == ("j1", None)

@@ -1,0 +1,140 @@
+"""``unique_on_duplicate``: what is refused (at definition, per dispatch) and what receipts say.
+
+The worker's side is proved on a real prefork worker in
+``tests/faults/test_duplicates.py``; the store rules in
+``tests/contract/test_duplicates_contract.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_unique import (
+    Disposition,
+    InvalidDeclaration,
+    InvalidPayload,
+    InvalidWindow,
+    KeyMismatch,
+    UniqueTask,
+)
+from celery_unique.config import runtime
+from celery_unique.duplicates import decode_arguments, encode_arguments
+
+_names = itertools.count()
+
+
+def define(app: Celery, **options: Any) -> Any:
+    options.setdefault("base", UniqueTask)
+    options.setdefault("unique_key", lambda job: str(job["customer"]))
+    options.setdefault("unique_while", "active")
+
+    @app.task(name=f"dup.job{next(_names)}", shared=False, **options)
+    def job(customer: int, note: str = "") -> None:
+        return None
+
+    return job
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"unique_on_duplicate": "newest"}, InvalidDeclaration, "must be one of"),
+        (
+            {"unique_on_duplicate": "latest", "unique_while": "queued"},
+            InvalidDeclaration,
+            "'active' or 'exists'",
+        ),
+        (
+            {"unique_on_duplicate": "latest", "unique_window_key": "w", "unique_window": 60},
+            InvalidDeclaration,
+            "active keys only",
+        ),
+        ({"unique_on_duplicate": "debounce"}, InvalidDeclaration, "needs unique_debounce"),
+        ({"unique_on_duplicate": "debounce", "unique_debounce": -1}, InvalidWindow, "positive"),
+        ({"unique_on_duplicate": "debounce", "unique_debounce": "5s"}, InvalidWindow, "seconds"),
+        (
+            {"unique_on_duplicate": "debounce", "unique_debounce": 10, "unique_debounce_max": 5},
+            InvalidWindow,
+            "must not be shorter",
+        ),
+        ({"unique_debounce_max": 5}, InvalidWindow, "needs unique_debounce"),
+        ({"unique_latest_max_bytes": 0}, InvalidDeclaration, "positive number of bytes"),
+    ],
+)
+def test_a_policy_that_cannot_work_is_refused_at_definition(
+    app: Celery, options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    with pytest.raises(error, match=says):
+        define(app, **options)
+
+
+def test_a_policy_given_per_dispatch_needs_an_overridable_task(app: Celery) -> None:
+    job = define(app)
+    with pytest.raises(KeyMismatch, match="unique_overridable"):
+        job.apply_async(kwargs={"customer": 1}, unique_on_duplicate="latest")
+    assert list(runtime(app).store.scan()) == []
+
+
+def test_a_policy_given_per_dispatch_is_checked_before_anything_is_written(app: Celery) -> None:
+    job = define(app, unique_overridable=True)
+    with pytest.raises(InvalidDeclaration, match="needs unique_debounce"):
+        job.apply_async(kwargs={"customer": 1}, unique_on_duplicate="debounce")
+    with pytest.raises(InvalidDeclaration, match="'active' or 'exists'"):
+        job.apply_async(kwargs={"customer": 1}, unique_on_duplicate="latest", unique_while="queued")
+    assert list(runtime(app).store.scan()) == []
+
+
+def test_arguments_larger_than_the_bound_are_refused_before_the_store(
+    app: Celery, published: list[dict[str, Any]]
+) -> None:
+    job = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=100)
+    with pytest.raises(InvalidPayload, match="unique_latest_max_bytes"):
+        job.delay(customer=1, note="x" * 200)
+    assert list(runtime(app).store.scan()) == []
+    assert published == []
+
+
+def test_receipts_say_what_a_duplicate_did(app: Celery) -> None:
+    job = define(app, unique_on_duplicate="latest", unique_overridable=True)
+    first = job.delay(customer=3)
+    assert first.disposition is Disposition.CREATED
+    assert (first.arguments_replaced, first.rerun_requested, first.postponed_to) == (
+        False,
+        False,
+        None,
+    )
+    again = job.delay(customer=3, note="newer")
+    assert (again.id, again.disposition, again.arguments_replaced) == (
+        first.id,
+        Disposition.REUSED,
+        True,
+    )
+    held = runtime(app).store.get(next(iter(runtime(app).store.scan())).key)
+    assert held is not None
+    assert held.arguments is not None
+    assert decode_arguments(app, held.arguments) == ([], {"customer": 3, "note": "newer"})
+
+    before = datetime.now(timezone.utc)
+    debounced = job.apply_async(
+        kwargs={"customer": 4}, unique_on_duplicate="debounce", unique_debounce=30
+    )
+    assert debounced.postponed_to is not None
+    assert before + timedelta(seconds=29) < debounced.postponed_to
+    moved = job.apply_async(
+        kwargs={"customer": 4}, unique_on_duplicate="debounce", unique_debounce=30
+    )
+    assert (moved.id, moved.arguments_replaced) == (debounced.id, True)
+    assert moved.postponed_to is not None
+    assert moved.postponed_to >= debounced.postponed_to
+
+
+def test_stored_arguments_read_back_as_sent(app: Celery) -> None:
+    job = define(app)
+    stored = encode_arguments(job, (1,), {"note": "ü"}, 1024)
+    assert "\x1f" not in stored
+    assert decode_arguments(app, stored) == ([1], {"note": "ü"})
