@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from celery_unique.stores.base import GOES_ON, RUNNING, Claim, Release, Store
+from celery_unique.stores.base import (
+    GOES_ON,
+    HAND_OVER_UNDONE,
+    HANDING_OVER,
+    RUNNING,
+    Claim,
+    Release,
+    Store,
+)
 
 logger = logging.getLogger("celery_unique")
 
@@ -64,6 +72,9 @@ class Owed:
     #: Anything else: a callable that raises while the store does not answer and
     #: returns whether its work is final (``False``: repeat it at ``repeats``).
     action: Callable[[], bool] | None = None
+    #: The key an action works on: it waits, like a release, for this process's
+    #: earlier writes of that key.
+    key: str | None = None
     repeats: tuple[float, ...] = ()
     #: Wait until this process (a pool child) has exited before sending.
     after_exit_of: int | None = None
@@ -183,21 +194,34 @@ class Cleanup(threading.Thread):
 
     def _send(self, batch: Sequence[Owed]) -> None:
         releases: dict[int, list[Owed]] = {}
+        failed: Exception | None = None
         for item in batch:
             if item.release is not None:
                 releases.setdefault(id(item.store), []).append(item)
+                continue
+            if item.key is not None and releases:
+                # A keyed action goes after the writes owed before it.
+                failed = self._release_all(releases) or failed
+                releases = {}
+            if failed is not None and item.key is not None:
+                self._failed(item, failed)  # those writes did not land: not yet
             else:
                 self._attempt(item)
-        for items in releases.values():
-            self._release(items)
+        self._release_all(releases)
 
-    def _release(self, items: list[Owed]) -> None:
+    def _release_all(self, releases: dict[int, list[Owed]]) -> Exception | None:
+        failed = None
+        for items in releases.values():
+            failed = self._release(items) or failed
+        return failed
+
+    def _release(self, items: list[Owed]) -> Exception | None:
         try:
             released = items[0].store.release_many([item.release for item in items])  # type: ignore[misc]
         except Exception as error:
             for item in items:
                 self._failed(item, error)
-            return
+            return error
         self._succeeded()
         for item, changed in zip(items, released, strict=True):
             if item.on_released is not None:
@@ -205,6 +229,7 @@ class Cleanup(threading.Thread):
                     item.on_released(changed)
                 except Exception:
                     logger.exception("a key_released receiver failed")
+        return None
 
     def _attempt(self, item: Owed) -> None:
         assert item.action is not None
@@ -257,15 +282,19 @@ def _in_order(ready: list[Owed], waiting: list[Owed]) -> list[Owed]:
     for item in waiting:
         # A write that waits for its message's fate or its child's exit may never
         # go (a message redelivered after a lost connection): it holds nothing up.
-        if item.release is not None and item.after is None and item.after_exit_of is None:
-            key = item.release.key
+        key = _key_of(item)
+        if key is not None and item.after is None and item.after_exit_of is None:
             first[key] = min(first.get(key, item.started), item.started)
     go = [
         item
         for item in ready
-        if item.release is None or item.started <= first.get(item.release.key, item.started)
+        if (key := _key_of(item)) is None or item.started <= first.get(key, item.started)
     ]
     return sorted(go, key=lambda item: item.started)
+
+
+def _key_of(item: Owed) -> str | None:
+    return item.release.key if item.release is not None else item.key
 
 
 _cleanup: Cleanup | None = None
@@ -375,6 +404,7 @@ def release(
             what=f"{_describe(hold)}, once the run it owes is passed on",
             deadline=deadline,
             action=action,
+            key=hold.key,
             after_exit_of=after_exit_of,
             after=after,
         )
@@ -382,11 +412,15 @@ def release(
 
 
 def _describe(hold: Release) -> str:
-    if hold.keep_ms == GOES_ON:
-        return f"ending the run of job {hold.job_id} on key {hold.key!r}"
-    if hold.keep_ms == RUNNING:
-        return f"marking the run of job {hold.job_id} on key {hold.key!r}"
-    return f"releasing key {hold.key!r} of job {hold.job_id}"
+    what = {
+        GOES_ON: "ending the run",
+        RUNNING: "marking the run",
+        HANDING_OVER: "marking the hand-over",
+        HAND_OVER_UNDONE: "taking back the hand-over",
+    }.get(hold.keep_ms or 0)
+    if what is None:
+        return f"releasing key {hold.key!r} of job {hold.job_id}"
+    return f"{what} of job {hold.job_id} on key {hold.key!r}"
 
 
 def undo_decision(store: Store, claims: Sequence[Claim], error: Exception) -> None:

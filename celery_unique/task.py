@@ -155,13 +155,14 @@ class UniqueMixin(_MixinBase):
         # The gate counts what leaves; a pool child that never dispatched a
         # unique job has not installed it yet.
         install_gate(self.app)
-        undo = None
+        # A soft time limit may strike while the store marks the hand-over (held
+        # back there, a slow store would let the hard limit kill the run between
+        # the mark and the send): the run then fails, and its end takes the mark
+        # back (see celery_unique.worker.fates).
+        undo = None if eager else runs.hand_over(self)
         with resend.counting_sends() as sent:
             try:
-                # From the mark to the send: a soft time limit striking in
-                # between would leave the mark with no replacement to carry it.
                 with nullcontext() if eager else soft_limit_held_back():
-                    undo = None if eager else runs.hand_over(self)
                     return super().on_replace(sig)
             except Ignore as ended:
                 # The worker's main process learns from this that the job goes on.

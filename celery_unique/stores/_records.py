@@ -248,12 +248,18 @@ def _follow_duplicate(
         # under the id of the first duplicate that asked for it.
         owed = owed_run(held.owed) or claim.job_id
         return Effect.RERUN_REQUESTED, replace(held, owed=owed, arguments=active.arguments), None
-    if active.on_duplicate is OnDuplicate.DEBOUNCE and active.debounce_ms is not None:
+    if (
+        active.on_duplicate is OnDuplicate.DEBOUNCE
+        and active.debounce_ms is not None
+        and held.on_duplicate is OnDuplicate.DEBOUNCE
+    ):
         due = now + active.debounce_ms
-        if held.cap is not None:
-            due = min(due, held.cap)
         expires_at = held.expires_at
-        if expires_at is not None and active.lease_ms is not None:
+        if held.cap is not None:
+            # Capped: the lease its creation set covers the latest start already, and
+            # a stream of duplicates must not keep the key of a lost job alive.
+            due = min(due, held.cap)
+        elif expires_at is not None and active.lease_ms is not None:
             expires_at = max(expires_at, now + active.lease_ms)
         record = replace(held, arguments=active.arguments, due=due, expires_at=expires_at)
         return Effect.POSTPONED, record, due - now
@@ -347,13 +353,11 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
             and expires_at < now + start.lease_ms
         ):
             expires_at = _expiry(now, start.lease_ms)
+        # A run that follows its duplicates starts with the latest arguments: a run
+        # owed by an earlier duplicate is this one.
+        owed = None if start.follows_duplicates else owed_run(record.owed)
         return replace(
-            record,
-            finished=False,
-            expires_at=expires_at,
-            run=start.run,
-            due=None,
-            owed=owed_run(record.owed),
+            record, finished=False, expires_at=expires_at, run=start.run, due=None, owed=owed
         )
 
     return change

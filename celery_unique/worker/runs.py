@@ -110,9 +110,9 @@ def begin(task: Any) -> RunBegun:
     if header is None or not key or header.get("s") not in _MARKED_SCOPES:
         return _GO_AHEAD
     rt = runtime(task.app)
-    start = RunStart(
-        run, Scope(header["s"]), task.name, rt.lease_ms, follows_duplicates=bool(header.get("p"))
-    )
+    # Only the job's own task takes its duplicates' arguments (not a replacement).
+    follows = bool(header.get("p")) and getattr(task, "_marks_runs", False)
+    start = RunStart(run, Scope(header["s"]), task.name, rt.lease_ms, follows_duplicates=follows)
     try:
         return _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)
     except BackendUnavailable as exc:
@@ -251,7 +251,7 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     if task is None or getattr(task, "_marks_runs", False):
         return
     try:
-        holder = begin(task)
+        holder = begin(task).holder
     except StoreSilent as silent:
         logger.warning(
             "job %s runs unmarked: the uniqueness store did not answer, and task %s cannot "

@@ -107,12 +107,51 @@ def test_no_run_owed_or_another_delivery_running_passes_nothing_on(store: Store)
     store.decide([claim("j1", "args-1")])
     begin(store, "j1", "r1")
     assert store.pass_on("j1", A, "r1", LONG) is None
-    store.decide([claim("d1", "args-2")])
     begin(store, "j1", "r9")  # a second delivery of j1 runs now
+    store.decide([claim("d1", "args-2")])
     assert store.pass_on("j1", A, "r1", LONG) is None
     held = store.get(A)
     assert held is not None
     assert (held.job_id, held.run, held.owed) == ("j1", "r9", "d1")
+
+
+def test_a_run_that_starts_after_the_duplicate_is_the_run_it_was_owed(store: Store) -> None:
+    """A retry (or a delivery again) starts with the latest arguments: nothing more is owed."""
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    store.decide([claim("d1", "args-2")])
+    store.release_many([Release("j1", A, -1, "r1")])  # the run retries: it goes on
+    begun = begin(store, "j1", "r2")
+    assert begun.arguments == "args-2"
+    held = store.get(A)
+    assert held is not None
+    assert held.owed is None
+    assert store.pass_on("j1", A, "r2", LONG) is None
+
+
+def test_only_a_debounced_job_is_postponed_and_its_cap_bounds_its_lease(store: Store) -> None:
+    store.decide([claim("j1", "args-1")])  # latest: no planned start to move
+    plain = store.decide([claim("d1", "args-2", OnDuplicate.DEBOUNCE, debounce=400)])[0]
+    assert (plain.effect, plain.starts_in_ms) == (Effect.ARGUMENTS_REPLACED, None)
+    B = A + "-b"
+    debounced = Claim(
+        "j2",
+        "tasks.reindex",
+        ActiveClaim(B, Scope.ACTIVE, 1_000, OnDuplicate.DEBOUNCE, "a", 300, 500),
+    )
+    store.decide([debounced])
+    expiry = store.get(B).expires_in_ms  # type: ignore[union-attr]
+    again = Claim(
+        "d2",
+        "tasks.reindex",
+        ActiveClaim(B, Scope.ACTIVE, 60_000, OnDuplicate.DEBOUNCE, "b", 300, 500),
+    )
+    assert store.decide([again])[0].effect is Effect.POSTPONED
+    held = store.get(B)
+    assert held is not None
+    assert held.expires_in_ms is not None
+    assert expiry is not None
+    assert held.expires_in_ms <= expiry  # capped: the duplicate's longer lease is not taken
 
 
 def test_a_follow_up_that_could_not_be_published_gives_the_key_back(store: Store) -> None:

@@ -168,13 +168,17 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
         unique_on_duplicate="latest",
         unique_overridable=True,
     )
-    def follow(self: Any, customer: int, version: int, hold_s: float = 0.0) -> int:
+    def follow(
+        self: Any, customer: int, version: int, hold_s: float = 0.0, retry_once: bool = False
+    ) -> int:
         """Note the start (``follow_started``), hold, then record ``[job id, version, start ns,
         end ns]`` of the run (``follow``)."""
         start = time.monotonic_ns()
         marks = marks_client(spec.marks_url)
         marks.rpush(f"{spec.marks}:follow_started", self.request.id)
         time.sleep(hold_s)
+        if retry_once and not self.request.retries:
+            raise self.retry(countdown=0.1)
         record = [self.request.id, version, start, time.monotonic_ns()]
         marks.rpush(f"{spec.marks}:follow", json.dumps(record))
         return version

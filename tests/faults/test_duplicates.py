@@ -164,3 +164,22 @@ def test_racing_processes_owe_exactly_one_run(
         versions = {1000 * (i + 1) + n for i in range(RACERS) for n in range(DUPLICATES)}
         assert done[0][:2] == (first.id, 0)
         assert done[1][1] in versions
+
+
+def test_a_retry_after_the_duplicate_is_the_run_it_was_owed(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """A duplicate during the first attempt; the job retries: the retry starts with the
+    duplicate's arguments, and no further run follows it."""
+    spec = make_spec()
+    start_worker(spec)
+    with producer(spec) as app:
+        follow = task_of(app, FOLLOW)
+        first = follow.delay(customer=3, version=0, hold_s=1.0, retry_once=True)
+        eventually(lambda: marks.llen(f"{spec.marks}:follow_started"), what="the first attempt")
+        assert follow.delay(customer=3, version=1).rerun_requested
+        done = settled_runs(marks, spec, 1)
+        # The first attempt raised its retry before recording: only the retry ended.
+        assert [(job, version) for job, version, *_ in done] == [(first.id, 1)]
+        with open_store(spec.store_url) as store:
+            eventually(lambda: store.get(job_key(spec, "customer:3", FOLLOW)) is None)

@@ -183,6 +183,11 @@ class Job:
         limit = lease_ns * 2 // 3
         return any(b - a >= limit for a, b in itertools.pairwise(touches))
 
+    def first_end(self) -> int | None:
+        """When a run of the job first ended for good (a later run is a copy of its message)."""
+        ends = [run.end for run in self.runs if run.outcome in FINAL and run.end is not None]
+        return min(ends, default=None)
+
     def final_end(self) -> int | None:
         """When the job could no longer run; ``None`` if it never got there."""
         ends: list[int] = []
@@ -409,7 +414,18 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
                 if other.id == job.id:
                     continue
                 first, later = sorted((job, other), key=lambda j: j.created)
-                if first.scope not in ("active", "exists"):
+                ended = first.first_end()
+                if ended is not None and ended + RELEASE_WITHIN_NS < later.created:
+                    # The earlier job had ended when the later one was created: a copy
+                    # of it the broker delivered again ran, which only the later job's
+                    # hold could have stopped, and only if the copy checks the key (a
+                    # queued job's runs do not).
+                    if first.scope not in ("active", "exists"):
+                        continue
+                    holder = later
+                else:
+                    holder = first
+                if holder.scope not in ("active", "exists"):
                     continue  # a queued key is free once its job starts
                 if first.unheld_for(lease_ns, later.created):
                     lapses.add(first.id)  # no worker held it for a lease: documented
@@ -511,12 +527,13 @@ def _undone_later(
     return False
 
 
-def _release_died(end: int, node_kills: list[int]) -> bool:
+def _release_died(end: int, node_kills: list[int], crash_s: float = 1) -> bool:
     """Whether a worker died while the release of a job that ended at ``end`` was owed.
 
-    (A crash is found a moment after it happened, so the window is generous.)
+    (A crash is found a moment after it happened, so the window is generous:
+    ``crash_s`` more.)
     """
-    return any(end - 1e9 <= kill <= end + RELEASE_WITHIN_NS + 1e9 for kill in node_kills)
+    return any(end - 1e9 <= kill <= end + RELEASE_WITHIN_NS + crash_s * 1e9 for kill in node_kills)
 
 
 def _run_died_with_its_node(history: History, job: Job, at: int, lease_ns: int) -> bool:
@@ -773,8 +790,21 @@ def _owed_runs(
         if job is None or end is None or published.get(ended):
             continue
         last = max(job.runs, key=lambda run: (run.start, run.number), default=None)
-        if last is None or last.end is None or _release_died(end, node_kills):
+        if last is None or last.end is None or _release_died(end, node_kills, crash_s=5):
             continue  # cut short with its worker: nobody saw the end (the lease frees the key)
+        first_asked = min(
+            d["t0"]
+            for d in history.of("dispatch")
+            for item in d["items"]
+            if item.get("effect") == "rerun" and item["job"] == ended
+        )
+        if any(run.asked is not None and run.asked > first_asked for run in job.runs):
+            continue  # a later run (a retry, a delivery again) ran with the latest arguments
+        if job.dropped is not None and job.dropped >= end:
+            # Its last message was dropped unrun (revoked, expired) by a worker that may
+            # not have seen the previous run end elsewhere: the key, and the run owed
+            # with it, are the lease's (documented).
+            continue
         found.append(
             Violation(
                 "I6",
@@ -812,12 +842,20 @@ def _latest_arguments(history: History, jobs: dict[str, Job]) -> list[Violation]
             current = jobs.get(current.follow_of) if current.follow_of else None
         return own
 
+    passed_on = {event["of"]: int(event["t"]) for event in history.of("followed")}
     for job in jobs.values():
         if not (job.item.get("policy") or job.follow_of):
             continue
         offered = candidates(job)
+        ended = [run.end for run in job.runs if run.outcome in FINAL and run.end is not None] + (
+            [passed_on[job.id]] if job.id in passed_on else []
+        )
         for run in job.runs:
             if run.nonce is None or run.asked is None:
+                continue
+            if any(t < run.asked for t in ended):
+                # A copy of a job that had ended (delivered again by the broker): it
+                # took a key nobody held, and its message's own arguments.
                 continue
             if run.nonce not in nonces_by_key.get(job.key, set()):
                 found.append(

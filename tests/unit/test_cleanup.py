@@ -61,3 +61,30 @@ def _wait_until(condition: Callable[[], bool]) -> bool:
             return True
         time.sleep(0.001)
     return False
+
+
+def test_work_done_before_a_release_waits_for_the_earlier_writes_of_its_key() -> None:
+    """The end of a run is refused once; the work owed before the next release of that key
+    (passing a run owed to duplicates on) runs only once that end has landed."""
+    store = FlakyStore(failures=1)
+    sender = cleanup.Cleanup()
+    sender.start()
+    ended = Release("j1", "k", GOES_ON, "r1")
+    sender.owe(
+        cleanup.Owed(store=store, what="end r1", deadline=cleanup.deadline_after(60), release=ended)
+    )
+    assert _wait_until(lambda: store.failures == 0)
+    seen: list[list[Release]] = []
+
+    def work() -> bool:
+        with store.lock:
+            seen.append(list(store.sent))
+        return True
+
+    sender.owe(
+        cleanup.Owed(
+            store=store, what="pass on", deadline=cleanup.deadline_after(60), action=work, key="k"
+        )
+    )
+    assert sender.flush(10)
+    assert seen == [[ended]]

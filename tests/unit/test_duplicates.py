@@ -138,3 +138,19 @@ def test_stored_arguments_read_back_as_sent(app: Celery) -> None:
     stored = encode_arguments(job, (1,), {"note": "ü"}, 1024)
     assert "\x1f" not in stored
     assert decode_arguments(app, stored) == ([1], {"note": "ü"})
+
+
+def test_explain_and_operators_see_what_duplicates_left(app: Celery) -> None:
+    from celery_unique.operations import KeyInfo
+
+    job = define(app, unique_on_duplicate="latest")
+    first = job.delay(customer=8)
+    explained = job.unique_explain(customer=8, note="newer")
+    assert explained.job_id == first.id
+    assert "it would run with these arguments" in explained.verdict
+    job.delay(customer=8, note="newer")
+    (held,) = list(runtime(app).store.scan())
+    info = KeyInfo.of(held)
+    assert info.arguments_digest is not None
+    assert info.duplicates == f"latest arguments {info.arguments_digest}"
+    assert "duplicates:" in str(job.unique_explain(customer=8))

@@ -83,13 +83,18 @@ for i = 0, count - 1 do
           if owed_run(held.owed) == "" then held.owed = job end
           held.args = args
           result[4] = "rerun_requested"
-        elseif follow == "d" and debounce ~= "" then
+        elseif follow == "d" and debounce ~= "" and held.follows == "d" then
           local now = tonumber(since)
           local due = now + tonumber(debounce)
-          if held.cap ~= "" then due = math.min(due, tonumber(held.cap)) end
+          if held.cap ~= "" then
+            -- Capped: the lease its creation set covers the latest start already, and
+            -- a stream of duplicates must not keep the key of a lost job alive.
+            due = math.min(due, tonumber(held.cap))
+          else
+            local left = redis.call("PTTL", akey)
+            if lease ~= "" and left >= 0 and left < tonumber(lease) then ttl = lease end
+          end
           held.args, held.due = args, tostring(due)
-          local left = redis.call("PTTL", akey)
-          if lease ~= "" and left >= 0 and left < tonumber(lease) then ttl = lease end
           result[4], result[5] = "postponed", tostring(due - now)
         else
           held.args = args

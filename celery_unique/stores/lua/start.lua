@@ -27,7 +27,10 @@ if follows and r.due ~= "" then
   if wait > 0 then return "\30W" .. tostring(wait) end
 end
 local ttl = redis.call("PTTL", key)
-r.run, r.due, r.owed = run, "", owed_run(r.owed)
+r.run, r.due = run, ""
+-- Passed on, and started: the mark goes. A run that follows its duplicates starts
+-- with the latest arguments: a run owed by an earlier duplicate is that run.
+if follows or string.sub(r.owed, 1, 1) == "<" then r.owed = "" end
 if r.finished == "1" then
   r.finished = "0"
   put(key, encode(r), lease)
