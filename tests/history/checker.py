@@ -96,6 +96,8 @@ GOES_ON = frozenset({"retry", "requeue", "replace"})
 RELEASE_WITHIN_NS = 2_000_000_000
 #: After an impairment of the store ends, how long owed writes may take to land.
 AFTER_FAULT_NS = 5_000_000_000
+#: How long after a kill is recorded its victim may still record events.
+KILL_LANDS_NS = 500_000_000
 #: Slack at the edges of a window (the store's clock against the actors').
 WINDOW_SLACK_NS = 200_000_000
 
@@ -290,12 +292,21 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
                 )
             elif item["out"] == "error":
                 failed[item["jid"]].append({**item, "proc": dispatch["proc"], "t1": dispatch["t1"]})
+    asked_for: dict[str, dict[str, Any]] = {
+        item["jid"]: item
+        for dispatch in history.of("dispatch")
+        for item in dispatch["items"]
+        if item.get("effect") == "rerun"
+    }
     for event in sorted(history.of("followed"), key=_time):
         ended = jobs.get(event["of"])
+        # Its key and scope are its predecessor's (whose own dispatch may have lost
+        # its answer): the duplicate that asked for it says them too.
+        origin = ended.item if ended else asked_for.get(event["job"], {})
         jobs[event["job"]] = Job(
             event["job"],
-            ended.key if ended else None,
-            ended.scope if ended else None,
+            ended.key if ended else origin.get("key"),
+            ended.scope if ended else origin.get("scope"),
             event["t"],
             event,
             ended.item if ended else {},
@@ -321,7 +332,12 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
             run.end, run.outcome = event["t"], event["outcome"]
     for run in runs.values():
         if run.end is None:
-            run.cut = next((t for t, pids in kills if t >= run.start and run.pid in pids), None)
+            # A kill is recorded just before its signal lands: a run may still record
+            # its start in between.
+            run.cut = next(
+                (t for t, pids in kills if t >= run.start - KILL_LANDS_NS and run.pid in pids),
+                None,
+            )
             run.killed = run.cut is not None
             if run.cut is None and run.limit_s is not None:
                 # Cut by the pool at its hard time limit (and killed within a second or so).

@@ -429,3 +429,16 @@ def test_a_run_with_stale_arguments_is_caught() -> None:
         run_with("J1", "n3", 1.3, 1.31, 1.5),
     )
     assert violations(fresh) == {}
+
+
+def test_a_run_killed_as_it_recorded_its_start_ends_with_the_kill() -> None:
+    """The orchestrator records a kill just before its signal lands: a run that recorded
+    its start in between ended there, not at the end of the history."""
+    killed = history(
+        dispatch(1.0, created("J1")),
+        {"e": "kill", "pids": [7], "whole": True, "node": "n", "t": int(1.1 * S)},
+        run("J1", 1.1001, None, pid=7),
+        dispatch(5.0, created("J2")),
+        run("J2", 5.1, 5.5),
+    )
+    assert "I1" not in violations(killed)
