@@ -33,7 +33,6 @@ from celery_unique.declaration import (
     parse_scope,
 )
 from celery_unique.duplicates import (
-    HEADER_CODES,
     DuplicatePolicy,
     encode_arguments,
     parse_policy,
@@ -205,7 +204,7 @@ def plan(
         stored_arguments = None
         if duplicates.follows:
             stored_arguments = encode_arguments(task, args, kwargs, duplicates.latest_max_bytes)
-            header["p"] = HEADER_CODES[duplicates.on_duplicate]
+            header["p"] = duplicates.on_duplicate.code
         debounce = duplicates.debounce_ms
         if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:
             if not wait_ms and options.get("eta") is None:

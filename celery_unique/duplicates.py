@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
 #: ``unique_latest_max_bytes`` unless declared: the largest arguments a key stores.
 DEFAULT_LATEST_MAX_BYTES = 64 * 1024
-#: The key header's spelling of each policy that is not ``REUSE``.
-HEADER_CODES = {OnDuplicate.LATEST: "l", OnDuplicate.DEBOUNCE: "d"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,6 +60,14 @@ class OnDuplicate(str, enum.Enum):
     #: As ``LATEST``, and a holder that has not started yet starts later.
     DEBOUNCE = "debounce"
 
+    @property
+    def code(self) -> str:
+        """Its one-letter spelling, in key headers and Redis values ("" for ``REUSE``)."""
+        return _POLICY_CODES[self]
+
+
+_POLICY_CODES = {OnDuplicate.REUSE: "", OnDuplicate.LATEST: "l", OnDuplicate.DEBOUNCE: "d"}
+
 
 @dataclass(frozen=True, slots=True)
 class ActiveClaim:

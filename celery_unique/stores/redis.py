@@ -62,8 +62,8 @@ _SPECIAL_KEEPS = {
 }
 _RS = "\x1e"
 #: How decide.lua spells each ``OnDuplicate``.
-_ON_DUPLICATE = {OnDuplicate.REUSE: "", OnDuplicate.LATEST: "l", OnDuplicate.DEBOUNCE: "d"}
-_FOLLOWS = {char: policy for policy, char in _ON_DUPLICATE.items()}
+#: The policies by the one-letter spelling decide.lua stores.
+_FOLLOWS = {policy.code: policy for policy in OnDuplicate}
 #: Connections a store's pool opens at most (``?max_connections=`` in the URL overrides it).
 POOL_CONNECTIONS = 100
 
@@ -293,7 +293,7 @@ class RedisStore(Store):
                 window.fingerprint if window else "",
                 window.policy if window else "",
                 claim.handoff_from or "",
-                _ON_DUPLICATE[active.on_duplicate] if active else "",
+                active.on_duplicate.code if active else "",
                 (active.arguments or "") if active else "",
                 _ms(active.debounce_ms) if active else "",
                 _ms(active.debounce_max_ms) if active else "",

@@ -197,13 +197,16 @@ class Fate:
         key = self.header.get("a")
         if key:
             rt = runtime(self.app)
-            *first, last = (Release(self.job_id, key, what, self.run) for what in writes)
+            *first, last = self._run_writes(key, *writes)
             cleanup.release(
                 rt.store,
                 last,
                 within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
                 first=first,
             )
+
+    def _run_writes(self, key: str, *writes: int) -> list[Release]:
+        return [Release(self.job_id, key, what, self.run) for what in writes]
 
     def _undo_hand_over(self) -> tuple[int, ...]:
         """The write that takes back a hand-over mark the run left: a run that reports
@@ -225,10 +228,7 @@ class Fate:
         if finished and self.ran:
             hold = hold._replace(run=self.run)
             if self.run is not None:
-                ended = [
-                    Release(self.job_id, hold.key, what, self.run)
-                    for what in (*self._undo_hand_over(), GOES_ON)
-                ]
+                ended = self._run_writes(hold.key, *self._undo_hand_over(), GOES_ON)
         app, job_id = self.app, self.job_id
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
@@ -241,7 +241,7 @@ class Fate:
         passes_on = None
         if finished and self.header.get("p"):
             # latest/debounce: a run owed by duplicates takes the key over first.
-            passes_on = follow_up.passer(app, job_id, self.header, hold.run, self.message)
+            passes_on = follow_up.passer(app, job_id, self.header, hold.run, message)
         cleanup.release(
             rt.store,
             hold,
