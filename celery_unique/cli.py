@@ -335,7 +335,11 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def check(ctx: click.Context, fleet: bool, no_store: bool, as_json: bool) -> None:
     """Find misconfigurations; exit status 1 if any is an error."""
-    findings = checks.run(_app(ctx), store=not no_store, fleet=fleet)
+    app = _app(ctx)
+    # As a worker would: the tasks of an app that autodiscovers them are in other modules
+    # (and, with Celery's Django fixup, this sets Django up first).
+    findings = checks.import_task_modules(app)
+    findings += checks.run(app, store=not no_store, fleet=fleet)
     errors = sum(each.is_error for each in findings)
     if as_json:
         _echo_json(

@@ -22,6 +22,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from celery_unique.checks import at_dispatch
 from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.exceptions import UnsupportedCombination
 
@@ -53,6 +54,7 @@ def guard(app: Celery) -> None:
             return original(name, args, kwargs, **options)
         if not (given or declaration.declares_keys):
             return original(name, args, kwargs, **options)
+        at_dispatch.check_first_dispatch(task)
         from celery_unique.dispatch import apply_unique
 
         def send(args: Any, kwargs: Any, **opts: Any) -> Any:
@@ -86,3 +88,12 @@ def connect() -> None:
     signals.before_task_publish.connect(
         _warn_on_leak, weak=False, dispatch_uid="celery_unique.send_task_leak"
     )
+    signals.before_task_publish.connect(
+        at_dispatch.on_publish, weak=False, dispatch_uid="celery_unique.checks.first_publish"
+    )
+
+
+# Connected when the plugin is imported, not only by install(): an app whose tasks all
+# forgot base=UniqueTask never binds a UniqueTask, and its leaked options and forgotten
+# base are what these receivers report.
+connect()

@@ -12,6 +12,7 @@ from celery.exceptions import Ignore
 from celery.result import AsyncResult
 
 from celery_unique import resend
+from celery_unique.checks.at_dispatch import check_first_dispatch
 from celery_unique.declaration import Declaration
 from celery_unique.dispatch import apply_unique
 from celery_unique.duplicates import DEFAULT_LATEST_MAX_BYTES
@@ -124,6 +125,7 @@ class UniqueMixin(_MixinBase):
         Takes the ``unique_*`` options per dispatch too (see the declaration
         attributes); returns the receipt either way.
         """
+        check_first_dispatch(self)
 
         def send(args: Any, kwargs: Any, **opts: Any) -> AsyncResult[Any]:
             return super(UniqueMixin, self).apply_async(args, kwargs, shadow=shadow, **opts)

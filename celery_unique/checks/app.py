@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kombu.utils.url import maybe_sanitize_url
-
-from celery_unique.checks.catalogue import Finding, finding
+from celery_unique.checks.catalogue import Finding, finding, isolated
+from celery_unique.checks.masking import masked
 from celery_unique.config import configured_backend_url, setting
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
@@ -20,24 +19,35 @@ DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
 
 
 def app_findings(app: Any) -> list[Finding]:
-    """What the app's settings and tasks get wrong, in the order of the catalogue."""
-    findings = _backend(app)
-    findings += _plain_tasks_with_options(app)
-    # Only keys held while the job can run outlive a lost worker or release.
-    marked = {
-        name: task
-        for name, task in _unique_tasks(app).items()
-        if task.__unique__.scope in (Scope.ACTIVE, Scope.EXISTS)
-    }
+    """What the app's settings and tasks get wrong, in the order of the catalogue.
+
+    Each check runs on its own: one that raises is reported (E013) beside the others.
+    """
+    url = configured_backend_url(app)
+    findings = isolated("celery_unique.E001", "unique_backend", _backend, app, url=url)
+    findings += isolated("celery_unique.E020", "tasks", _plain_tasks_with_options, app)
+    marked = _marked_tasks(app)
     if marked:
-        findings += _lease_shorter_than_redelivery(app)
-        findings += _retention_past_results(app, marked)
-        findings += _no_result_for_the_reaper(app, marked)
+        findings += isolated("celery_unique.W021", "unique_lease", _lease_shorter, app)
+        findings += task_findings(app, marked)
     return findings
 
 
-def masked(url: str) -> str:
-    return str(maybe_sanitize_url(url))
+def task_findings(app: Any, marked: dict[str, Any]) -> list[Finding]:
+    """The checks of single tasks that hold a key while they run (W022, W023)."""
+    findings = isolated("celery_unique.W022", "tasks", _retention_past_results, app, marked)
+    findings += isolated("celery_unique.W023", "tasks", _no_result_for_the_reaper, app, marked)
+    return findings
+
+
+def holds_key_while_running(task: Any) -> bool:
+    """Whether the UniqueTask ``task`` holds an active-type key (declared, or given per
+    dispatch) while its job runs: only such a key outlives a lost worker or release."""
+    declared = task.__unique__
+    return (declared.key is not None or declared.overridable) and declared.scope in (
+        Scope.ACTIVE,
+        Scope.EXISTS,
+    )
 
 
 def _backend(app: Any) -> list[Finding]:
@@ -63,36 +73,54 @@ def _backend(app: Any) -> list[Finding]:
 
 
 def _plain_tasks_with_options(app: Any) -> list[Finding]:
+    return [
+        found
+        for name, task in sorted(app.tasks.items())
+        if (found := plain_task_with_options(name, task)) is not None
+    ]
+
+
+def plain_task_with_options(name: str, task: Any) -> Finding | None:
+    """E020 when ``task`` has ``unique_*`` options but is not a UniqueTask."""
     from celery_unique.task import UniqueMixin
 
-    findings = []
-    for name, task in sorted(app.tasks.items()):
-        if isinstance(task, UniqueMixin):
-            continue
-        options = sorted(attr for attr in dir(type(task)) if attr.startswith("unique_"))
-        if options:
-            findings.append(
-                finding(
-                    "celery_unique.E020",
-                    name,
-                    f"task {name} has {', '.join(options)} but is not a UniqueTask: "
-                    "the options are ignored and every dispatch publishes",
-                    "declare it with base=UniqueTask (e.g. @app.task(base=UniqueTask, ...) or "
-                    "@shared_task(base=UniqueTask, ...)), or mix UniqueMixin into its class",
-                )
-            )
-    return findings
+    if isinstance(task, UniqueMixin):
+        return None
+    options = sorted(attr for attr in dir(type(task)) if attr.startswith("unique_"))
+    if not options:
+        return None
+    return finding(
+        "celery_unique.E020",
+        name,
+        f"task {name} has {', '.join(options)} but is not a UniqueTask: "
+        "the options are ignored and every dispatch publishes",
+        "declare it with base=UniqueTask (e.g. @app.task(base=UniqueTask, ...) or "
+        "@shared_task(base=UniqueTask, ...)), or mix UniqueMixin into its class",
+    )
 
 
-def _unique_tasks(app: Any) -> dict[str, Any]:
-    """The app's unique tasks that hold an active-type key (declared, or given per dispatch)."""
+def uses_celery_unique(app: Any) -> bool:
+    """Whether ``app`` has anything of celery-unique: a unique_* setting, or a task that is
+    a UniqueTask or has unique_* options."""
+    from celery_unique.config import DEFAULTS
+    from celery_unique.task import UniqueMixin
+
+    if any(app.conf.get(name) is not None for name in DEFAULTS):
+        return True
+    return any(
+        isinstance(task, UniqueMixin) or plain_task_with_options(name, task) is not None
+        for name, task in app.tasks.items()
+    )
+
+
+def _marked_tasks(app: Any) -> dict[str, Any]:
+    """The app's unique tasks that hold a key while their job runs, by name."""
     from celery_unique.task import UniqueMixin
 
     return {
         name: task
         for name, task in sorted(app.tasks.items())
-        if isinstance(task, UniqueMixin)
-        and (task.__unique__.key is not None or task.__unique__.overridable)
+        if isinstance(task, UniqueMixin) and holds_key_while_running(task)
     }
 
 
@@ -103,7 +131,8 @@ def _duration_ms(app: Any, name: str, value: object) -> int | None:
         return None  # Reported where it is read (the app refuses to start its store).
 
 
-def _lease_shorter_than_redelivery(app: Any) -> list[Finding]:
+def _lease_shorter(app: Any) -> list[Finding]:
+    """W021: the key of a job whose worker was lost lapses before the broker delivers it again."""
     broker = app.conf.broker_url or ""
     if not isinstance(broker, str) or scheme_of(broker).split("+")[0] not in _VISIBILITY_TRANSPORTS:
         return []

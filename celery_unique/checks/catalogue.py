@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_unique.checks.masking import redacted
 from celery_unique.stores import STORES
 
 
@@ -53,12 +55,13 @@ def _checks(*checks: Check) -> dict[str, Check]:
 
 E, W = Level.ERROR, Level.WARNING
 
-#: The checks every entry point runs (Django adds its own E002-E011, W001, W002).
+#: The checks every entry point runs (Django adds its own E002-E011 and W001).
 CATALOGUE = _checks(
     Check(
         "celery_unique.E001",
         E,
-        "`unique_backend` is not a store URL with a known scheme",
+        "`unique_backend` is not a store URL with a known scheme, or it is not set and the "
+        "broker is not Redis (whose URL would be the store's): every unique dispatch fails",
         "use a URL of a known scheme: " + ", ".join(f"`{scheme}://`" for scheme in STORES),
     ),
     Check(
@@ -72,6 +75,14 @@ CATALOGUE = _checks(
         W,
         "the store cannot be reached (fail-open: dispatches go out without uniqueness)",
         "start the store or correct `unique_backend`",
+    ),
+    Check(
+        "celery_unique.E013",
+        E,
+        "a check could not finish: it raised (the store refused a command, a task module "
+        "does not import, ...), so whether what it looks for is wrong is unknown",
+        "correct what the message names and check again; a store that refuses a command "
+        "(`NOPERM`) must let its user run every command celery-unique sends",
     ),
     Check(
         "celery_unique.E020",
@@ -133,3 +144,30 @@ def finding(check_id: str, subject: str, message: str, hint: str | None = None) 
     """A finding of the catalogue's check ``check_id``; its fix is the hint unless given."""
     check = CATALOGUE[check_id]
     return Finding(check_id, check.level, subject, message, hint or check.fix.replace("`", ""))
+
+
+def unfinished(
+    covers: str, subject: str, error: BaseException, url: str | None, hint: str | None = None
+) -> Finding:
+    """E013: the check for ``covers`` (its ids) raised ``error``; ``url``'s password is masked."""
+    return finding(
+        "celery_unique.E013",
+        subject,
+        f"the check for {covers} could not finish, so whether it applies is unknown: "
+        f"{type(error).__name__}: {redacted(str(error), url)}",
+        hint,
+    )
+
+
+def isolated(
+    covers: str,
+    subject: str,
+    check: Callable[..., list[Finding]],
+    *args: Any,
+    url: str | None = None,
+) -> list[Finding]:
+    """``check(*args)``; one that raises is a finding of its own (E013), so the others report."""
+    try:
+        return check(*args)
+    except Exception as exc:  # A bug, a refused command: never the end of every other check.
+        return [unfinished(covers, subject, exc, url)]

@@ -5,21 +5,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from celery_unique.checks.app import masked
-from celery_unique.checks.catalogue import Finding, finding
+from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
+from celery_unique.checks.masking import masked, redacted
 from celery_unique.config import configured_backend_url, runtime
 
 #: How long an app's entry in the namespace registry counts without being renewed.
 REGISTRY_KEEP_MS = 7 * 24 * 3600 * 1000
 _EVICTION_FREE = ("noeviction", "")
+#: What cannot be checked when the store cannot even be built.
+_STORE_CHECKS = "the store (celery_unique.E012, W012, E026, W025)"
 
 
 def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
-    """Findings that need the store; none when the app's own checks found no usable store."""
+    """Findings that need the store; none when the app's own checks found no usable store.
+
+    Each check runs on its own: one that raises is reported (E013) beside the others.
+    """
     url = configured_backend_url(app)
     if url is None or any(each.id == "celery_unique.E001" for each in earlier):
         return []
-    rt = runtime(app)
+    try:
+        rt = runtime(app)
+    except Exception as exc:  # A setting the store is built with is wrong (unique_lease).
+        return [unfinished(_STORE_CHECKS, "unique_backend", exc, url)]
     try:
         store = rt.store
         store.ping()
@@ -34,11 +42,21 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
             finding(
                 "celery_unique.W012" if fail_open else "celery_unique.E012",
                 "unique_backend",
-                f"the uniqueness store {masked(url)} cannot be reached: {exc}",
+                f"the uniqueness store {masked(url)} cannot be reached: {redacted(str(exc), url)}",
                 f"while it is down, {consequence}; start the store or correct unique_backend",
             )
         ]
-    return _eviction(store, url) + _shared_namespace(app, store, rt.namespace)
+    findings = isolated("celery_unique.E026", "unique_backend", _eviction, store, url, url=url)
+    findings += isolated(
+        "celery_unique.W025",
+        "unique_namespace",
+        _shared_namespace,
+        app,
+        store,
+        rt.namespace,
+        url=url,
+    )
+    return findings
 
 
 def _eviction(store: Any, url: str) -> list[Finding]:
@@ -65,6 +83,12 @@ def _eviction(store: Any, url: str) -> list[Finding]:
 
 
 def _shared_namespace(app: Any, store: Any, namespace: str) -> list[Finding]:
+    """W025: another app name noted in the namespace's registry, with other unique tasks.
+
+    The registry keeps one entry per app name: the same name with other tasks (another
+    version of the app, a second project under the default name) overwrites the entry,
+    and cannot be told apart from a deploy of new code.
+    """
     from celery_unique.task import UniqueMixin
 
     tasks = sorted(name for name, task in app.tasks.items() if isinstance(task, UniqueMixin))
@@ -80,13 +104,13 @@ def _shared_namespace(app: Any, store: Any, namespace: str) -> list[Finding]:
     )
     if not others:
         return []
+    who = ("app " if len(others) == 1 else "apps ") + ", ".join(repr(each) for each in others)
     return [
         finding(
             "celery_unique.W025",
             "unique_namespace",
-            f"the key namespace {namespace!r} on this store is also used by "
-            f"{', '.join(repr(other) for other in others)}, with other tasks: their keys "
-            f"and {me!r}'s share one space",
+            f"the key namespace {namespace!r} on this store is also used by {who}, with other "
+            f"unique tasks than app {me!r}: the keys of these apps share one space",
             f"give each app its own unique_namespace (now {namespace!r})",
         )
     ]

@@ -20,6 +20,7 @@ header; the worker only reads them back.
 from __future__ import annotations
 
 import logging
+import traceback
 import weakref
 from typing import Any
 
@@ -27,7 +28,8 @@ from celery import Celery, signals
 
 from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
-from celery_unique.config import runtime
+from celery_unique.checks.masking import redacted
+from celery_unique.config import configured_backend_url, runtime
 from celery_unique.worker import control, dropped, leases, runs
 from celery_unique.worker.step import FollowFates
 
@@ -60,15 +62,19 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
         return
     try:
         runtime(app).store  # noqa: B018 - built for its side effect
-    except Exception:
-        logger.exception("celery-unique: the uniqueness store could not be set up")
+    except Exception as exc:
+        # Not logger.exception: the error may quote the store's URL, password and all.
+        logger.error(
+            "celery-unique: the uniqueness store could not be set up:\n%s",
+            redacted("".join(traceback.format_exception(exc)), configured_backend_url(app)),
+        )
 
 
 def _on_worker_set_up(instance: Any = None, **_: object) -> None:
     # After the worker's logging is set up (so that findings reach its log),
     # before its pool starts (so that a strict check stops it before any job).
     app = getattr(instance, "app", None)
-    if app is not None and app in _installed:
+    if app is not None:
         check_at_worker_start(app)
 
 
@@ -87,6 +93,11 @@ def install(app: Celery) -> None:
     signals.worker_init.connect(
         _on_worker_init, weak=False, dispatch_uid="celery_unique.worker.prepare"
     )
-    signals.celeryd_after_setup.connect(
-        _on_worker_set_up, weak=False, dispatch_uid="celery_unique.worker.check"
-    )
+
+
+# Connected when the plugin is imported, not by install(): an app whose tasks all
+# forgot base=UniqueTask never binds a UniqueTask, and is the one that most needs
+# its checks. check_at_worker_start passes over the apps that do not use the plugin.
+signals.celeryd_after_setup.connect(
+    _on_worker_set_up, weak=False, dispatch_uid="celery_unique.worker.check"
+)

@@ -20,15 +20,20 @@ celery_unique.E009  the store's client library is not installed
 celery_unique.E010  the Django store is opened before django.setup()
 celery_unique.E011  database routers keep the store's table off its database
 celery_unique.E012  (deploy) the store cannot be reached, fail-closed
+celery_unique.E013  a check could not finish (a task module does not import, ...)
 celery_unique.W001  ``CELERY_UNIQUE_*`` settings the Celery app does not see
-celery_unique.W002  no store configured and the broker is not Redis
 celery_unique.W012  (deploy) the store cannot be reached, fail-open
 ==================  =============================================================
+
+E001 also covers a project with no store at all (``unique_backend`` not set
+and a broker that is not Redis), as the library's own check does.
 
 Every check of the library's own catalogue (:mod:`celery_unique.checks`:
 tasks, the lease, the reaper's results; with ``--deploy``, the store's reach,
 its eviction policy and the namespace it shares) runs here too, under its
-own id.
+own id. They see every task of the app: its task modules are imported first,
+through the Celery app's loader, as a worker would (``manage.py check``
+itself imports only what the URLs and models import).
 
 The checks are registered when Django loads the app, and also whenever
 ``celery_unique_django`` code is imported (for E003, which can only fire when
@@ -38,15 +43,18 @@ the app is missing from INSTALLED_APPS).
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 from celery import Celery
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from celery_unique.checks import Finding, app_findings, store_findings
+from celery_unique.checks import Finding, app_findings, import_task_modules, store_findings
+from celery_unique.checks.masking import masked
 from celery_unique.exceptions import UniquenessError
 from celery_unique.stores import STORES
 from celery_unique_django.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
@@ -154,20 +162,20 @@ def _backend(app: Celery) -> list[CheckMessage]:
         if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
             return []
         return [
-            Warning(
-                f"{name} is not set and the broker is not Redis: unique dispatches will fail "
-                "until a store is configured",
+            Error(
+                f"{name} is not set and the broker is not Redis: every unique dispatch fails",
                 hint=f"set {name}, e.g. 'django://' (this project's database), "
                 "'redis://localhost:6379/0' or 'sqlite:///unique.db'",
-                id="celery_unique.W002",
+                id="celery_unique.E001",
             )
         ]
     scheme = url.split("://", 1)[0].lower() if isinstance(url, str) and "://" in url else None
+    shown = repr(masked(url)) if isinstance(url, str) else repr(url)
     if scheme not in STORES:
         known = ", ".join(f"{each}://" for each in STORES)
         return [
             Error(
-                f"{name} = {url!r} is not a store URL with a known scheme",
+                f"{name} = {shown} is not a store URL with a known scheme",
                 hint=f"use one of: {known}",
                 id="celery_unique.E001",
             )
@@ -176,7 +184,7 @@ def _backend(app: Celery) -> list[CheckMessage]:
     if library is not None and importlib.util.find_spec(library) is None:
         return [
             Error(
-                f"{name} = {url!r} needs the {library!r} package, which is not installed",
+                f"{name} = {shown} needs the {library!r} package, which is not installed",
                 hint=f"pip install 'celery-unique[{library}]'",
                 id="celery_unique.E009",
             )
@@ -217,8 +225,25 @@ def check_tasks(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list
     app, _ = _app()
     if app is None:
         return []  # check_settings reports E008.
+    with _checks_not_nested():
+        findings = import_task_modules(app)
     # check_settings reports the store's URL (E001) with the Django setting's name.
-    return [_message(each) for each in app_findings(app) if each.id != "celery_unique.E001"]
+    findings += [each for each in app_findings(app) if each.id != "celery_unique.E001"]
+    return [_message(each) for each in findings]
+
+
+@contextmanager
+def _checks_not_nested() -> Iterator[None]:
+    """Keep Celery's Django fixup from running every system check as it imports the task
+    modules: they are running already (and this check is one of them)."""
+    if os.environ.get("CELERY_SKIP_CHECKS"):
+        yield
+        return
+    os.environ["CELERY_SKIP_CHECKS"] = "1"
+    try:
+        yield
+    finally:
+        del os.environ["CELERY_SKIP_CHECKS"]
 
 
 @register(TAG, deploy=True)
@@ -227,8 +252,7 @@ def check_store_reachable(
 ) -> list[CheckMessage]:
     """(deploy) The configured store answers, keeps its keys, and has the namespace alone."""
     app, _ = _app()
-    reported = check_settings()
-    if app is None or any(m.is_serious() or m.id == "celery_unique.W002" for m in reported):
+    if app is None or any(m.is_serious() for m in check_settings()):
         return []  # The settings are wrong or missing: check_settings says so already.
     return [_message(each) for each in store_findings(app)]
 

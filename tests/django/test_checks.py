@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from django.core.checks import ERROR
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from celery_unique import config
+from celery_unique.checks import app_findings
 from celery_unique_django import checks
 from celery_unique_django.conf import celery_app
 
@@ -122,16 +124,37 @@ def test_django_store_without_the_app_installed() -> None:
 def test_missing_client_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """A redis:// store without redis-py installed names the extra to install."""
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    with override_settings(CELERY_UNIQUE_BACKEND="redis://localhost:6379/0"):
+    with override_settings(CELERY_UNIQUE_BACKEND="redis://:hunter2@localhost:6379/0"):
         messages = checks.check_settings()
     assert [m.id for m in messages] == ["celery_unique.E009"]
     assert "celery-unique[redis]" in str(messages[0].hint)
+    assert "'redis://:***@localhost:6379/0'" in messages[0].msg
+
+
+def test_a_store_url_is_shown_without_its_password() -> None:
+    """E001 names the URL as given, its password masked."""
+    with override_settings(CELERY_UNIQUE_BACKEND="mongodb://user:secret@db:27017/x"):
+        [message] = checks.check_settings()
+    assert message.id == "celery_unique.E001"
+    assert "'mongodb://user:***@db:27017/x' is not a store URL" in message.msg
+    assert "secret" not in message.msg
+
+
+def test_no_store_is_the_same_error_as_the_librarys() -> None:
+    """No store and a broker that is not Redis: one id, one severity, in Django and elsewhere."""
+    bare = Celery("bare", broker="memory://", set_as_current=False)
+    # Only the store's finding: the app also has the shared tasks other tests declared.
+    [library] = [each for each in app_findings(bare) if each.subject == "unique_backend"]
+    with override_settings(CELERY_UNIQUE_APP=bare):
+        [django] = [m for m in checks.check_settings() if m.id == library.id]
+    assert (library.id, library.is_error) == ("celery_unique.E001", True)
+    assert django.level == ERROR
 
 
 def test_settings_the_app_does_not_read_are_reported() -> None:
-    """CELERY_UNIQUE_* in settings.py but an app not configured from them: W001 (and W002)."""
+    """CELERY_UNIQUE_* in settings.py but an app not configured from them: W001 (and E001)."""
     bare = Celery("bare", broker="memory://", set_as_current=False)
-    assert ids(CELERY_UNIQUE_APP=bare) == ["celery_unique.W001", "celery_unique.W002"]
+    assert ids(CELERY_UNIQUE_APP=bare) == ["celery_unique.W001", "celery_unique.E001"]
 
 
 def test_manage_py_check_fails_with_an_actionable_message() -> None:

@@ -9,6 +9,7 @@ at worker start run as subprocesses, the fleet check against real workers.
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 import uuid
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from celery import Celery
 
 from celery_unique import UniqueTask, checks
 from celery_unique import config as unique_config
+from celery_unique.checks.at_start import check_at_worker_start
 from tests.conftest import fresh_queue_name, redis_celery_config
 from tests.integration.test_cli import run_celery
 from tests.processes import RedisServer, Worker, free_port, require_redis_server
@@ -157,10 +159,68 @@ def test_two_apps_sharing_a_namespace_warn(make_app: Callable[..., Celery]) -> N
     keyed(second, name="shipping.send")
     [found] = checks.run(second)
     assert found.id == "celery_unique.W025"
-    assert "'billing'" in found.message
+    assert (
+        f"the key namespace {first.conf.unique_namespace!r} on this store is also used by "
+        "app 'billing', with other unique tasks than app 'shipping': the keys of these apps "
+        "share one space"
+    ) in found.message
     alone = make_app("shipping")
     keyed(alone, name="shipping.send")
     assert ids(alone) == []
+
+
+def test_one_app_name_with_other_tasks_is_not_told_apart(make_app: Callable[..., Celery]) -> None:
+    """The registry keeps one entry per app name: a new task set under it is a deploy, not W025."""
+    first = make_app("billing")
+    keyed(first, name="billing.charge")
+    assert ids(first) == []
+    again = make_app("billing", unique_namespace=first.conf.unique_namespace)
+    keyed(again, name="billing.refund")
+    assert ids(again) == []
+
+
+@pytest.fixture
+def hset_refused(redis_url: str) -> Iterator[str]:
+    """A store URL whose Redis user may run any command but HSET: an ACL user of the test's
+    own, on the shared server, deleted after it."""
+    client = redis.Redis.from_url(redis_url)
+    user, password = f"celery-unique-test-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    client.execute_command("ACL", "SETUSER", user, "on", f">{password}", "~*", "&*", "+@all")
+    client.execute_command("ACL", "SETUSER", user, "-hset")
+    try:
+        yield redis_url.replace("redis://", f"redis://{user}:{password}@", 1)
+    finally:
+        client.execute_command("ACL", "DELUSER", user)
+        client.close()
+
+
+def test_a_check_that_raises_is_a_finding_and_the_others_still_report(
+    make_app: Callable[..., Celery], hset_refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store refusing the registry's HSET: that check is E013, every other one reports."""
+    app = make_app(unique_backend=hset_refused, unique_lease=60)
+    keyed(app)
+
+    @app.task(name="forgot", shared=False, unique_key=lambda job: job.tag, unique_while="active")
+    def forgot(tag: str) -> None: ...
+
+    found = checks.run(app)
+    assert [each.id for each in found] == [
+        "celery_unique.E020",
+        "celery_unique.W021",
+        "celery_unique.E013",
+    ]
+    unfinished = found[-1]
+    assert unfinished.subject == "unique_namespace"
+    assert "the check for celery_unique.W025 could not finish" in unfinished.message
+    assert "hset" in unfinished.message.lower()
+    password = hset_refused.rsplit("@", 1)[0].rsplit(":", 1)[1]
+    assert all(password not in each.message for each in found)
+    # At worker start too, each of them is logged (none is lost to the one that raised).
+    with caplog.at_level(logging.WARNING, logger="celery_unique"):
+        check_at_worker_start(app)
+    logged = [record.getMessage().split()[0] for record in caplog.records]
+    assert logged == ["celery_unique.E020", "celery_unique.W021", "celery_unique.E013"]
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])
@@ -241,6 +301,62 @@ def project(tmp_path: Path, celery_redis_url: str, redis_url: str) -> Callable[.
     return write
 
 
+AUTODISCOVERING_APP = """
+from celery import Celery
+
+app = Celery("{name}")
+app.conf.update(
+    broker_url={broker!r},
+    result_backend={broker!r},
+    task_default_queue={queue!r},
+    unique_backend={store!r},
+    unique_namespace={namespace!r},
+)
+app.autodiscover_tasks(["{name}.shop"])
+"""
+
+SHOP_TASKS = """
+from celery import shared_task
+
+from celery_unique import UniqueTask
+
+
+@shared_task(base=UniqueTask, unique_key=lambda job: job.order_id, unique_while="active")
+def ship(order_id: int) -> None: ...
+
+
+@shared_task(unique_key=lambda job: job.customer_id, unique_while="active")
+def reindex(customer_id: int) -> None: ...
+"""
+
+
+def test_the_command_checks_the_tasks_an_app_autodiscovers(
+    tmp_path: Path, celery_redis_url: str, redis_url: str
+) -> None:
+    """``unique check`` imports the task modules a worker would: autodiscovered mistakes count."""
+    name = f"proj_{uuid.uuid4().hex[:8]}"
+    shop = tmp_path / name / "shop"
+    shop.mkdir(parents=True)
+    (tmp_path / name / "__init__.py").write_text("")
+    (tmp_path / name / "celery.py").write_text(
+        AUTODISCOVERING_APP.format(
+            name=name,
+            broker=celery_redis_url,
+            queue=fresh_queue_name(),
+            store=redis_url,
+            namespace=f"checks-{uuid.uuid4().hex[:8]}",
+        )
+    )
+    (shop / "__init__.py").write_text("")
+    (shop / "tasks.py").write_text(SHOP_TASKS)
+    result = run_celery(tmp_path, "-A", f"{name}.celery", "unique", "check", "--json")
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [(f["id"], f["subject"]) for f in report["findings"]] == [
+        ("celery_unique.E020", f"{name}.shop.tasks.reindex")
+    ]
+
+
 def test_the_command_exits_1_on_an_error_and_0_on_warnings(
     tmp_path: Path, project: Callable[..., str]
 ) -> None:
@@ -297,6 +413,55 @@ def test_a_strict_worker_does_not_start_on_an_error(
         assert " ready." not in log
     finally:
         worker.close()
+
+
+FORGOT_ONLY_PROJECT = """
+from celery import Celery
+
+app = Celery("{name}")
+app.conf.update(
+    broker_url={broker!r},
+    task_default_queue={queue!r},
+    unique_backend={store!r},
+    unique_namespace={namespace!r},
+)
+
+
+# Its only unique task forgot base=UniqueTask: no UniqueTask is ever bound to this app.
+@app.task(unique_key=lambda job: job.customer_id, unique_while="active")
+def reindex(customer_id: int) -> None: ...
+"""
+
+
+def test_a_worker_checks_an_app_that_binds_no_unique_task(
+    tmp_path: Path, celery_redis_url: str, redis_url: str
+) -> None:
+    """A worker of an app whose unique tasks all forgot their base logs E020; a plain app, none."""
+    forgot, plain = f"forgot_{uuid.uuid4().hex[:8]}", f"plain_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{forgot}.py").write_text(
+        FORGOT_ONLY_PROJECT.format(
+            name=forgot,
+            broker=celery_redis_url,
+            queue=fresh_queue_name(),
+            store=redis_url,
+            namespace=f"checks-{uuid.uuid4().hex[:8]}",
+        )
+    )
+    (tmp_path / f"{plain}.py").write_text(
+        PLAIN_PROJECT.format(name=plain, broker=celery_redis_url, queue=fresh_queue_name())
+    )
+    workers = [_worker(tmp_path, forgot), _worker(tmp_path, plain)]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        [error] = [line for line in workers[0].log().splitlines() if "celery_unique." in line]
+        assert "ERROR" in error
+        assert f"celery_unique.E020 task {forgot}.reindex has unique_key, unique_while" in error
+        assert "celery_unique" not in workers[1].log()
+    finally:
+        for worker in workers:
+            worker.stop()
+            worker.close()
 
 
 PLAIN_PROJECT = """

@@ -1,0 +1,67 @@
+"""Store URLs in findings and log lines: shown as given, their passwords masked."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from celery import Celery, signals
+
+from celery_unique import config as unique_config
+from celery_unique import worker
+from celery_unique.checks.masking import masked, redacted
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("django://", "django://"),
+        ("django://reporting", "django://reporting"),
+        ("sqlite:///unique.db", "sqlite:///unique.db"),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("redis://user@127.0.0.1/0", "redis://user@127.0.0.1/0"),
+        ("redis://:hunter2@127.0.0.1:1/0", "redis://:***@127.0.0.1:1/0"),
+        ("mongodb://user:secret@db:27017/x", "mongodb://user:***@db:27017/x"),
+        ("redis://user:p@ss/word@host/0", "redis://user:***@host/0"),
+        (
+            "redis+sentinel://:pw@h1:26379,h2:26379/main?sentinel_password=s3cret&x=1",
+            "redis+sentinel://:***@h1:26379,h2:26379/main?sentinel_password=***&x=1",
+        ),
+    ],
+)
+def test_a_url_is_shown_as_given_with_its_password_masked(url: str, shown: str) -> None:
+    """Only the password changes: no URL is parsed and rebuilt (``django://`` stays as is)."""
+    assert masked(url) == shown
+
+
+def test_an_error_quoting_the_url_is_redacted() -> None:
+    """The URL in a message is masked, and so is its password quoted alone."""
+    url = "mongodb://user:secret@db:27017/x"
+    text = f"unique_backend {url!r} has no known scheme (password 'secret')"
+    assert redacted(text, url) == (
+        "unique_backend 'mongodb://user:***@db:27017/x' has no known scheme (password '***')"
+    )
+
+
+class _Worker:
+    """What the worker_init signal sends: the worker, and through it its app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_a_store_the_worker_cannot_set_up_is_logged_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's log says why the store could not be set up, with the password masked."""
+    app = Celery("masked", broker="memory://", set_as_current=False)
+    app.conf.unique_backend = "mongodb://user:secret@db:27017/x"
+    worker.install(app)
+    try:
+        with caplog.at_level(logging.ERROR, logger="celery_unique"):
+            signals.worker_init.send(sender=_Worker(app))
+    finally:
+        unique_config.reset(app)
+    assert "the uniqueness store could not be set up" in caplog.text
+    assert "'mongodb://user:***@db:27017/x' has no known scheme" in caplog.text
+    assert "secret" not in caplog.text
