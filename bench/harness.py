@@ -61,6 +61,8 @@ class Tasks:
 
     plain: Any
     selector: Any
+    #: ``selector`` in an app whose dispatches ask the store before publishing.
+    separate: Any
     literal: Any
     held: Any
     window: Any
@@ -92,10 +94,7 @@ def db_url(base: str, db: int) -> str:
     return f"{parts.scheme}://{parts.netloc}/{db}"
 
 
-def build(base_url: str, *, store_db: int = STORE_DB, name: str = "bench") -> Bench:
-    """A Celery app publishing to ``BROKER_DB`` with its uniqueness store in ``store_db``."""
-    broker_url = db_url(base_url, BROKER_DB)
-    store_url = db_url(base_url, store_db)
+def _app(name: str, broker_url: str, store_url: str) -> Celery:
     app = Celery(name, broker=broker_url, set_as_current=False)
     app.conf.update(
         task_default_queue=QUEUE,
@@ -111,9 +110,24 @@ def build(base_url: str, *, store_db: int = STORE_DB, name: str = "bench") -> Be
         singleton_backend_url=store_url,
         singleton_lock_expiry=3600,
     )
+    return app
+
+
+def build(base_url: str, *, store_db: int = STORE_DB, name: str = "bench") -> Bench:
+    """A Celery app publishing to ``BROKER_DB`` with its uniqueness store in ``store_db``."""
+    broker_url = db_url(base_url, BROKER_DB)
+    store_url = db_url(base_url, store_db)
+    app = _app(name, broker_url, store_url)
+    # The same app, except that its dispatches ask the store before publishing: what
+    # a store on another server than the broker costs (``unique_colocated=False``).
+    separate = _app(f"{name}_separate", broker_url, store_url)
+    separate.conf.unique_colocated = False
     tasks = Tasks(
         plain=_define(app, "plain"),
         selector=_define(app, "selector", base=UniqueTask, unique_key=lambda job: f"order:{job.n}"),
+        separate=_define(
+            separate, "selector", base=UniqueTask, unique_key=lambda job: f"order:{job.n}"
+        ),
         literal=_define(app, "literal", base=UniqueTask),
         held=_define(app, "held", base=UniqueTask, unique_key="held"),
         window=_define(

@@ -7,8 +7,9 @@ bench/harness.py), each with wall and CPU time (wall minus CPU is waiting):
 
 1. The created path rebuilt one layer at a time (plain publish; + task id and
    header; + planning; + EVALSHA on a raw socket; + redis-py's connection;
-   + ``RedisStore.decide``, answer read at once; the library itself, which
-   reads the answer only when it is about to publish), every
+   + ``RedisStore.decide``, answer read at once; the library asking the store
+   first, reading the answer only when it is about to publish; the library
+   with store and broker on one server, one script for both), every
    variant a whole dispatch, timed in interleaved turns: each difference is
    what one layer costs where it really runs.
 2. Steps timed on their own (hot loops): planning pieces, and the store round
@@ -346,8 +347,11 @@ def in_context(bench: harness.Bench, base_url: str, n: int, rounds: int) -> dict
             "D  C + EVALSHA on a raw socket": raw_store,
             "E  C + EVALSHA via redis-py connection": connection_store,
             "F  C + RedisStore.decide (answer read at once)": client_store,
-            "G  the library: UniqueTask.apply_async (overlapped)": lambda: selector.apply_async(
-                (TENANT, fresh())
+            "G  the library, store asked first (answer read when publishing)": lambda: (
+                t.separate.apply_async((TENANT, fresh()))
+            ),
+            "H  the library, store and broker one server (one script)": lambda: (
+                selector.apply_async((TENANT, fresh()))
             ),
         },
         n,

@@ -18,6 +18,7 @@ from celery import Celery
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import validate_namespace
+from celery_unique.recently_held import RecentlyHeld
 from celery_unique.stores import open_store
 from celery_unique.stores.base import Store
 
@@ -30,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_fail_open": False,
     "unique_lease": timedelta(hours=1),
     "unique_strict_checks": False,
+    "unique_colocated": "auto",
 }
 
 _lock = threading.Lock()
@@ -49,6 +51,10 @@ class Runtime:
     _store: Store | None = None
     #: Set while the store is unreachable under fail-open, to warn once per outage.
     outage: bool = False
+    #: The server shared by store and broker (:mod:`celery_unique.colocated`);
+    #: ``False`` until worked out.
+    colocation: Any = False
+    recently_held: RecentlyHeld = field(default_factory=RecentlyHeld)
 
     @property
     def store(self) -> Store:
@@ -89,6 +95,9 @@ def _build(app: Celery) -> Runtime:
         retention_ms = parse_duration_ms(expires, "result_expires")
     except Exception as exc:
         raise ImproperlyConfigured(str(exc)) from exc
+    colocated = setting(app, "unique_colocated")
+    if colocated not in ("auto", True, False):
+        raise ImproperlyConfigured(f'unique_colocated must be "auto" or False, not {colocated!r}')
     return Runtime(
         backend_url=_backend_url(app),
         namespace=validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery")),

@@ -3,7 +3,8 @@
 Everything that can fail on bad input (arguments, selectors, key rules,
 windows, job ids, payload encoding) runs in :func:`plan`, before the store
 or the broker is touched. The store decides in one round trip, overlapped
-with Celery building the message; the publish gate
+with Celery building the message, or, when it shares a Redis server with the
+broker, carrying the message (:mod:`celery_unique.colocated`); the publish gate
 (:mod:`celery_unique.publishing`) lets the job out only if the answer is
 "created". A publish that fails after the store reserved a key rolls the
 reservation back; a reservation whose answer was lost is undone by the store
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from celery_unique import cleanup, keyspace, resend, signals
+from celery_unique import cleanup, colocated, keyspace, resend, signals
 from celery_unique.arguments import ArgumentView, json_payload
 from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import (
@@ -53,6 +54,7 @@ from celery_unique.fingerprint import policy_digest, request_fingerprint
 from celery_unique.headers import HEADER, VERSION, KeyHeader, read_header
 from celery_unique.publishing import (
     Gate,
+    NotPublished,
     gate_for,
     install_gate,
     publish_deciding,
@@ -617,14 +619,27 @@ def apply_unique(
         signals.emit_created(task, planned)
         return created
 
-    try:
-        pending = rt.store.send_decide([planned.claim])
-    except BackendUnavailable as error:
-        if not tolerate_outage(rt, error):
-            raise
-        return stamp(publish(task_id))
+    held_recently = planned.claim in rt.recently_held
+    if not (held_recently or app.conf.task_always_eager) and colocated.suits(app, rt):
+        # Asked as the message leaves, in the script that enqueues it.
+        gate = Gate(job_id, rt, planned.header, claim=planned.claim)
+    else:
+        try:
+            pending = rt.store.send_decide([planned.claim])
+        except BackendUnavailable as error:
+            if not tolerate_outage(rt, error):
+                raise
+            return stamp(publish(task_id))
+        gate = Gate(job_id, rt, planned.header, pending)
+        if held_recently:
+            # Most likely a duplicate again: its answer is read before Celery builds a
+            # message that would not be sent.
+            try:
+                gate.resolve()
+            except NotPublished:
+                assert gate.decision is not None
+                return not_published(gate.decision)
     given = options.pop("producer")
-    gate = Gate(job_id, rt, planned.header, pending)
     start = {} if planned.countdown_s is None else {"countdown": planned.countdown_s}
     outcome: UniqueResult = publish_deciding(
         app,
@@ -637,4 +652,5 @@ def apply_unique(
         lambda: rollback(rt, planned.claim),
         on_created=lambda: signals.emit_created(task, planned),
     )
+    rt.recently_held.note(planned.claim, gate.decision)
     return outcome

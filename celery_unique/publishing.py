@@ -17,6 +17,11 @@ answer is read at the gate, which every way out of Celery passes:
 Whichever comes first reads the answer; the others find it read. An answer
 other than "created" stops the dispatch with :class:`NotPublished`, which
 never leaves this package.
+
+When the store and the broker share a Redis server, the question is not sent
+ahead: the gate at ``send_task_message`` arms the producer's channel, and the
+store is asked where kombu would push the message, with the message
+(:mod:`celery_unique.colocated`).
 """
 
 from __future__ import annotations
@@ -30,11 +35,11 @@ from typing import Any
 
 from celery import Celery
 
-from celery_unique import resend
+from celery_unique import colocated, resend
 from celery_unique.config import Runtime
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.headers import KeyHeader
-from celery_unique.stores.base import Decision, PendingDecisions, Verdict
+from celery_unique.stores.base import Claim, Decision, PendingDecisions, Verdict
 
 logger = logging.getLogger("celery_unique")
 
@@ -71,22 +76,30 @@ class Gate:
         header: KeyHeader | None,
         pending: PendingDecisions | None = None,
         decision: Decision | None = None,
+        *,
+        claim: Claim | None = None,
     ) -> None:
         self.job_id, self.rt, self.header, self._pending = job_id, rt, header, pending
         self.decision = decision
-        self.resolved = pending is None
+        #: Not asked yet: the store is asked as the message leaves (:mod:`colocated`).
+        self.claim = claim
+        self.resolved = pending is None and claim is None
         #: Whether the job really went out through a gate (the broker or an eager run).
         self.passed = False
+        #: Whether the store pushed the message itself, with its decision.
+        self.enqueued = False
         self.outer: Gate | None = None
 
-    def resolve(self) -> Decision | None:
-        """The decision (``None``: store down, fail-open); :class:`NotPublished` unless created."""
+    def resolve(self, ask: Callable[[], Decision] | None = None) -> Decision | None:
+        """The decision (``None``: store down, fail-open); :class:`NotPublished` unless created.
+
+        ``ask`` asks the store now, for a gate whose question was not sent yet.
+        """
         if not self.resolved:
             # Resolved once, whatever happens: an answer cannot be read twice.
             self.resolved = True
-            assert self._pending is not None
             try:
-                self.decision = self._pending.wait()[0]
+                self.decision = self._answer(ask)
             except BackendUnavailable as error:
                 if not tolerate_outage(self.rt, error):
                     raise
@@ -96,8 +109,19 @@ class Gate:
             raise NotPublished
         return self.decision
 
+    def _answer(self, ask: Callable[[], Decision] | None) -> Decision:
+        if self._pending is not None:
+            return self._pending.wait()[0]
+        if ask is not None:
+            return ask()
+        assert self.claim is not None
+        return self.rt.store.decide([self.claim])[0]
+
     def created(self) -> bool:
         """After a failed publish: did the store create this job (so it must be undone)?"""
+        if not self.resolved and self._pending is None:
+            self.resolved = True  # never asked: the failure came before the message left
+            return False
         try:
             self.resolve()
         except (NotPublished, BackendUnavailable):
@@ -151,9 +175,17 @@ def install_gate(app: Celery) -> None:
 
         def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
             job_id = _job_id(message)
-            pass_gate(job_id)
-            resend.observe(job_id, message.headers)
-            result = send(producer, name, message, **options)
+            gate = gate_for(job_id)
+            if gate is not None and not gate.resolved and gate.claim is not None:
+                # Asked as the message leaves: the decision travels with it.
+                resend.observe(job_id, message.headers)
+                result = colocated.send_armed(
+                    gate, producer, lambda: send(producer, name, message, **options)
+                )
+            else:
+                pass_gate(job_id)
+                resend.observe(job_id, message.headers)
+                result = send(producer, name, message, **options)
             resend.handed_over(job_id)
             return result
 
@@ -174,7 +206,8 @@ class DeferredProducer:
     """Stands in for a kombu producer until Celery first needs one.
 
     Then it passes the gate: a created job gets the real producer (the
-    caller's, or one from the app's pool, released by :meth:`close`).
+    caller's, or one from the app's pool, released by :meth:`close`). A gate
+    whose question travels with the message is passed later, at the put.
     """
 
     def __init__(self, app: Celery, given: Any, gate: Gate) -> None:
@@ -184,7 +217,8 @@ class DeferredProducer:
 
     def _producer(self) -> Any:
         if self._real is None:
-            self._gate.resolve()
+            if self._gate.claim is None:
+                self._gate.resolve()
             if self._given is not None:
                 self._real = self._given
             else:
@@ -223,7 +257,8 @@ def publish_deciding(
             raise
         return on_not_published(gate.decision)
     except BaseException:
-        if gate.created():
+        # A message the store pushed itself stays with its key: the job exists.
+        if gate.created() and not gate.enqueued:
             on_failed_publish()
         raise
     finally:

@@ -13,7 +13,7 @@ import importlib.resources
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery_unique import cleanup
@@ -254,6 +254,38 @@ class RedisStore(Store):
                 raise unavailable(exc) from exc
             raise
         return _PendingScript(self, source, claims, keys, args)
+
+    def server(self) -> tuple[Any, ...] | None:
+        """Where the store's connections go: ``(host, port, unix path)``; ``None`` for a
+        cluster or Sentinel, whose server can change under it."""
+        from redis.sentinel import SentinelConnectionPool
+
+        if self._pool is None or isinstance(self._pool, SentinelConnectionPool):
+            return None
+        return _server_of(self._pool.connection_kwargs)
+
+    @property
+    def db(self) -> int:
+        return int(self._pool.connection_kwargs.get("db") or 0) if self._pool is not None else 0
+
+    def decide_enqueue(self, claim: Claim, db: int, queue: str, message: bytes | str) -> Decision:
+        """Decide one claim and, if created, push ``message`` to list ``queue`` of database
+        ``db`` of the same server, in one script: one round trip for the whole dispatch.
+
+        A request whose reply is lost is *not* undone: whatever the script did,
+        the key and the message went together (or neither did).
+        """
+        keys, args = self._decide_arguments([claim], True)
+        payload = message.decode() if isinstance(message, bytes) else message
+        args += [db, self.db, queue, payload]
+        try:
+            lane = self._lanes.take() if self._lanes is not None else None
+            source: _Borrowed | Lane = lane if lane is not None else _Borrowed(self._pool)
+        except Exception as exc:
+            if is_outage(exc):
+                raise unavailable(exc) from exc
+            raise
+        return _PendingScript(self, source, [claim], keys, args, undo=False).wait()[0]
 
     def _decisions(self, claims: Sequence[Claim], reply: bytes | str) -> list[Decision]:
         text = _text(reply)
@@ -529,8 +561,12 @@ class _PendingScript(PendingDecisions):
         claims: Sequence[Claim],
         keys: list[str],
         args: list[str | int],
+        *,
+        undo: bool = True,
     ) -> None:
         self.store, self.claims, self.keys, self.args = store, claims, keys, args
+        #: Whether a lost reply owes the undo of its claims (not when they went with a message).
+        self.undo = undo
         self.decisions: list[Decision] | None = None
         self.failure: BaseException | None = None
         self.held = source
@@ -579,7 +615,7 @@ class _PendingScript(PendingDecisions):
             # (OOM at its second write), part of it may have been.
             inside = "script:" in str(exc)
             failure = unavailable(exc, maybe_applied=inside)
-            if inside:
+            if inside and self.undo:
                 cleanup.undo_decision(self.store, self.claims, failure)
             raise failure from exc
         except BaseException as exc:
@@ -598,7 +634,8 @@ class _PendingScript(PendingDecisions):
         """
         failure = unavailable(error, maybe_applied=True)
         failure._connection = self.identity  # type: ignore[attr-defined]
-        cleanup.undo_decision(self.store, self.claims, failure)
+        if self.undo:
+            cleanup.undo_decision(self.store, self.claims, failure)
         return failure if is_outage(error) else error
 
     def _drop(self) -> None:
@@ -618,6 +655,10 @@ def resp_command(*parts: str | int) -> bytes:
         data = part.encode() if isinstance(part, str) else b"%d" % part
         out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+def _server_of(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (kwargs.get("host"), int(kwargs.get("port") or 6379), kwargs.get("path"))
 
 
 def _text(value: bytes | str) -> str:

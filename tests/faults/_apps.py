@@ -169,14 +169,25 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
         unique_overridable=True,
     )
     def follow(
-        self: Any, customer: int, version: int, hold_s: float = 0.0, retry_once: bool = False
+        self: Any,
+        customer: int,
+        version: int,
+        hold_s: float = 0.0,
+        retry_once: bool = False,
+        until_let_go: bool = False,
     ) -> int:
-        """Note the start (``follow_started``), hold, then record ``[job id, version, start ns,
-        end ns]`` of the run (``follow``)."""
+        """Note the start (``follow_started``), hold (``until_let_go``: until the test sets
+        ``let_go``), then record ``[job id, version, start ns, end ns]`` of the run
+        (``follow``)."""
         start = time.monotonic_ns()
         marks = marks_client(spec.marks_url)
         marks.rpush(f"{spec.marks}:follow_started", self.request.id)
         time.sleep(hold_s)
+        deadline = time.monotonic() + 120
+        while until_let_go and not marks.get(f"{spec.marks}:let_go"):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the test never let the run go")
+            time.sleep(0.05)
         if retry_once and not self.request.retries:
             raise self.retry(countdown=0.1)
         record = [self.request.id, version, start, time.monotonic_ns()]

@@ -35,7 +35,8 @@ from celery_unique import config as unique_config
 from celery_unique import keyspace
 from celery_unique.stores.redis import RedisStore
 from tests import polling
-from tests.conftest import fresh_queue_name
+from tests.conftest import HOST, fresh_queue_name
+from tests.faultproxy import FaultProxy
 from tests.faults._apps import JOB, Spec, plain_app, unique_app
 from tests.processes import RedisServer, Worker, free_port, require_redis_server
 
@@ -102,6 +103,13 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     yield start
     for worker in workers:
         worker.close()
+
+
+@pytest.fixture
+def proxy(services: RedisServer) -> Iterator[FaultProxy]:
+    """A loopback fault proxy in front of the test's Redis server."""
+    with FaultProxy(HOST, services.port) as running:
+        yield running
 
 
 @pytest.fixture

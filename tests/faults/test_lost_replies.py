@@ -13,13 +13,12 @@ seconds instead of being handed the phantom for the whole lease.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from celery_unique import BackendUnavailable, Disposition, dispatch_many, keyspace
-from tests.conftest import HOST
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 
@@ -32,12 +31,6 @@ pytestmark = pytest.mark.slow
 TIMEOUT_S = 1.0
 #: How soon after the store answers again the phantom must be gone.
 UNDONE_WITHIN_S = 5.0
-
-
-@pytest.fixture
-def proxy(services: RedisServer) -> Iterator[FaultProxy]:
-    with FaultProxy(HOST, services.port) as running:
-        yield running
 
 
 @pytest.fixture

@@ -23,15 +23,13 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from celery_unique import Disposition
-from tests.conftest import HOST
 from tests.faultproxy import FaultProxy
-from tests.processes import RedisServer
 
 from ._apps import KEY_HEADER, Spec
 from .conftest import (
@@ -48,12 +46,6 @@ from .conftest import (
 pytestmark = pytest.mark.slow
 
 LONG_LEASE_S = 60.0
-
-
-@pytest.fixture
-def proxy(services: RedisServer) -> Iterator[FaultProxy]:
-    with FaultProxy(HOST, services.port) as running:
-        yield running
 
 
 def worker_spec(

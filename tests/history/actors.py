@@ -93,6 +93,9 @@ class Spec:
     #: (a deliberately broken store, to prove the checker catches it).
     store_override: str | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    #: Workers reach the broker here instead (the broker behind the store's proxy
+    #: is then impaired for producers only).
+    worker_broker_url: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -185,7 +188,9 @@ def build(spec: Spec, *, role: str) -> Celery:
     record = Recorder(spec.history, role)
     app = Celery(f"chaos-{spec.namespace}", set_as_current=False)
     app.conf.update(
-        broker_url=spec.broker_url,
+        broker_url=(spec.worker_broker_url or spec.broker_url)
+        if role == "worker"
+        else spec.broker_url,
         task_default_queue=spec.queue,
         task_ignore_result=True,
         task_acks_late=True,

@@ -6,7 +6,10 @@ Actors, all real processes on loopback, started and stopped by the run:
 * the store: a ``redis-server`` with an append-only file synced on every
   write (a restart loses nothing), reached by every client through a loopback
   fault proxy (:mod:`tests.faultproxy`);
-* the broker: another durable ``redis-server``, or the local RabbitMQ;
+* the broker: another durable ``redis-server``, or the local RabbitMQ, or
+  (``colocated``) database 1 of the store's own server, which producers reach
+  through the same proxy: each created job's decision carries its message
+  (:mod:`celery_unique.colocated`), and the proxy's faults hit that script;
 * two ``celery worker --pool=prefork --concurrency=4`` nodes (``acks_late``,
   ``reject_on_worker_lost``: a killed job is redelivered, never lost);
 * three producer processes dispatching at random (:mod:`tests.history.actors`).
@@ -18,7 +21,7 @@ the faults stop, the queues drain, the actors settle, the keys left in the
 store are read through ``celery unique list --json``, and the history is
 checked (:mod:`tests.history.checker`)::
 
-    python -m tests.history.chaos --seconds 60 --seed 1 [--broker rabbitmq]
+    python -m tests.history.chaos --seconds 60 --seed 1 [--broker rabbitmq|colocated]
 """
 
 from __future__ import annotations
@@ -118,15 +121,20 @@ class Run:
         servers = directory / "servers"
         servers.mkdir()
         durable = ("--appendonly", "yes", "--appendfsync", "always")
+        # Never rewritten, so its log keeps every message's story (broker_log).
+        history = ("--auto-aof-rewrite-percentage", "0")
+        colocated = config.broker == "colocated"
         self.marks = RedisServer(free_port(), servers / "marks")
-        self.store = RedisServer(free_port(), servers / "store", durable)
+        self.store = RedisServer(
+            free_port(), servers / "store", durable + history if colocated else durable
+        )
         (servers / "marks").mkdir()
         (servers / "store").mkdir()
         self.broker: RedisServer | None = None
+        #: The broker's database on its server (the store keeps db 0 of a shared server).
+        self.broker_db = 1 if colocated else 0
         if config.broker == "redis":
             (servers / "broker").mkdir()
-            # Never rewritten, so its log keeps every message's story (broker_log).
-            history = ("--auto-aof-rewrite-percentage", "0")
             self.broker = RedisServer(free_port(), servers / "broker", durable + history)
         for server in (self.marks, self.store, self.broker):
             if server is not None:
@@ -134,9 +142,20 @@ class Run:
                 stack.callback(server.stop)
         self.proxy = FaultProxy(HOST, self.store.port).start()
         stack.callback(self.proxy.close)
-        broker_url = (
-            self.broker.url(0) if self.broker is not None else f"amqp://guest:guest@{HOST}:5672//"
-        )
+        worker_broker_url = None
+        if colocated:
+            # One server: producers reach it, store and broker, through the proxy, so
+            # a created job's decision carries its message and the proxy's faults hit
+            # that one script. Workers reach the broker directly, as in the other
+            # configurations (behind the proxy, their acks are lost and kombu
+            # redelivers at the visibility timeout: its copies, not this path, show).
+            self.broker = self.store
+            broker_url = self.proxy.url(self.broker_db)
+            worker_broker_url = self.store.url(self.broker_db)
+        elif self.broker is not None:
+            broker_url = self.broker.url(0)
+        else:
+            broker_url = f"amqp://guest:guest@{HOST}:5672//"
         self.spec = Spec(
             history=str(directory),
             broker_url=broker_url,
@@ -148,6 +167,7 @@ class Run:
             retention_s=config.retention_s,
             window_s=config.window_s,
             store_override=config.store_override,
+            worker_broker_url=worker_broker_url,
         )
         (directory / "chaosapp.py").write_text(
             "import os\nfrom tests.history.actors import Spec, build\n"
@@ -295,7 +315,7 @@ class Run:
 
     def queue_empty(self) -> bool:
         if self.broker is not None:
-            client = redis.Redis.from_url(self.broker.url(0))
+            client = redis.Redis.from_url(self.broker.url(self.broker_db))
             try:
                 waiting = sum(client.llen(name) for name in self._queue_lists())
                 return waiting == 0 and client.hlen("unacked") == 0
@@ -478,7 +498,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar=("MIN", "MAX"),
         help="seconds between two faults, drawn uniformly",
     )
-    parser.add_argument("--broker", choices=["redis", "rabbitmq"], default="redis")
+    parser.add_argument(
+        "--broker",
+        choices=["redis", "rabbitmq", "colocated"],
+        default="redis",
+        help="colocated: the broker is the store's Redis server (db 1), behind the same proxy",
+    )
     parser.add_argument("--keep", type=Path, help="keep the history files in this folder")
     parser.add_argument(
         "--broken-store",

@@ -41,6 +41,16 @@ def test_no_violation_under_random_faults_on_redis(seed: int, tmp_path: Path) ->
     )
 
 
+def test_no_violation_with_store_and_broker_on_one_server(tmp_path: Path) -> None:
+    """The broker is the store's server behind the same proxy: its faults hit both, and a
+    created job's decision carries its message (one script)."""
+    outcome = play(Config(seconds=SECONDS, seed=14, broker="colocated", directory=tmp_path))
+    assert outcome.report.counts["created"] > 20
+    assert outcome.ok, "\n".join(
+        v.render(outcome.history.origin) for v in outcome.report.violations[:5]
+    )
+
+
 @pytest.mark.rabbitmq
 def test_no_violation_under_random_faults_on_rabbitmq(tmp_path: Path) -> None:
     """The same with RabbitMQ as the broker (restarted with rabbitmqctl stop_app/start_app)."""

@@ -9,6 +9,11 @@
 --   handoff_from ("" none),
 --   on duplicate ("" reuse | "l" latest | "d" debounce), encoded arguments,
 --   debounce ms, debounce max ms ("" none)
+-- Then, only for one claim whose store shares its Redis server with a Redis
+-- broker: broker db, store db, queue key, message. A created job's message is
+-- pushed to the broker's queue in this same script, before any key is written
+-- (a refused push writes nothing): no reservation without its message, and no
+-- message without its reservation.
 -- Returns: one string, a result per claim decided, results joined by 0x1E, each
 --   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", then
 --   conflicting ids... for a conflict; else effect ("" none | "arguments_replaced"
@@ -125,6 +130,13 @@ for i = 0, count - 1 do
     failed = true
     if all_or_nothing then break end
   end
+end
+
+local enqueue = 3 + count * 14
+if ARGV[enqueue] and count == 1 and string.sub(results[1], 1, 7) == "created" then
+  redis.call("SELECT", ARGV[enqueue])
+  redis.call("LPUSH", ARGV[enqueue + 2], ARGV[enqueue + 3])
+  redis.call("SELECT", ARGV[enqueue + 1])
 end
 
 if not (failed and all_or_nothing) then

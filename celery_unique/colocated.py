@@ -1,0 +1,223 @@
+"""One round trip for a whole dispatch when the store and a Redis broker are one server.
+
+The most common Celery deployment has its broker and its uniqueness store on
+one Redis server. There, a created dispatch need not ask the store and then
+publish: Celery and kombu build the message exactly as always, and where
+kombu's Redis transport would ``LPUSH`` it, the store's decide script pushes
+it instead, in the same atomic step that reserves its keys. Nothing about the
+message changes: kombu computes the queue's name (priority sub-queue, global
+key prefix) and serializes the message; only the command that carries it is
+the script's. A reservation never exists without its message, nor a message
+without its reservation, even when the store's reply is lost.
+
+The path is taken only where it is exact; every other dispatch asks the store
+first, as on any other deployment:
+
+* the app's broker is kombu's Redis transport (not Sentinel) on the server
+  the store uses (same host and port, or same socket; any database), the
+  store is a plain Redis store, and ``unique_colocated`` is not ``False``;
+* the producer's channel really is such a channel (``connection=`` may name
+  another broker), and its publish is one ``_put`` of kombu's (not a fanout
+  exchange, a batch, or a queue with ``x-expires``, whose extra commands
+  kombu sends itself);
+* no ``before_task_publish`` receiver but this package's own is connected:
+  the message is built before the store has answered, so that signal would
+  fire for a dispatch that then publishes nothing;
+* the dispatch's keys were not found held recently in this process
+  (:mod:`celery_unique.recently_held`): a duplicate asks first, and is
+  answered before a message is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from celery import signals
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from celery_unique.config import Runtime
+    from celery_unique.publishing import Gate
+
+logger = logging.getLogger("celery_unique.colocated")
+
+#: How this package's own signal receivers are named (``dispatch_uid``): they may
+#: see a dispatch that then publishes nothing.
+OWN_RECEIVERS = "celery_unique."
+
+
+@dataclass(frozen=True, slots=True)
+class Colocation:
+    """The server the store and the broker share."""
+
+    server: tuple[Any, ...]
+    #: What the startup log says of it.
+    where: str
+
+
+def colocation(app: Celery, rt: Runtime) -> Colocation | None:
+    """The app's shared server, worked out once per app and process and logged."""
+    found = rt.colocation
+    if found is False:
+        shared = _shared_server(app, rt)
+        if isinstance(shared, str):
+            logger.info("celery-unique: dispatches ask the store before publishing (%s)", shared)
+            found = None
+        else:
+            logger.info(
+                "celery-unique: store and broker share the Redis server %s; a created "
+                "dispatch reserves its keys and enqueues its message in one round trip",
+                shared.where,
+            )
+            found = shared
+        rt.colocation = found
+    return cast("Colocation | None", found)
+
+
+def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
+    """The server store and broker share, or why they do not."""
+    from celery_unique.config import setting
+
+    if setting(app, "unique_colocated") is False:
+        return "unique_colocated is False"
+    from celery_unique.stores.redis import RedisStore
+
+    store = rt.store
+    server = store.server() if isinstance(store, RedisStore) else None
+    if server is None:
+        return "the store is not a single Redis server"
+    try:
+        from kombu.transport import redis as kombu_redis
+
+        transport = app.connection_for_write().transport
+    except Exception as exc:  # an unknown transport name, a missing client library
+        return f"the broker's transport cannot be loaded ({exc})"
+    if type(transport) is not kombu_redis.Transport:
+        return f"the broker is not kombu's Redis transport ({type(transport).__name__})"
+    client: Any = transport.client
+    host = client.hostname or "127.0.0.1"
+    if "://" in host:  # socket://path, as kombu reads it
+        broker: tuple[Any, ...] = (None, 6379, "/" + host.partition("://")[2].lstrip("/"))
+    else:
+        broker = (host, int(client.port or 6379), None)
+    if not _same(server, broker):
+        return "the store and the broker are different Redis servers"
+    return Colocation(server, f"{server[2] or f'{server[0]}:{server[1]}'}")
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    if a[2] or b[2]:
+        return bool(a[2] == b[2])
+    return bool(_host(a[0]) == _host(b[0]) and a[1] == b[1])
+
+
+def _host(name: Any) -> str:
+    name = str(name or "localhost")
+    return "127.0.0.1" if name == "localhost" else name
+
+
+def suits(app: Celery, rt: Runtime) -> bool:
+    """Whether a dispatch's decision may wait for its message, to travel with it."""
+    return colocation(app, rt) is not None and not _foreign_publish_receivers()
+
+
+def _foreign_publish_receivers() -> bool:
+    return any(
+        not (isinstance(lookup[0], str) and lookup[0].startswith(OWN_RECEIVERS))
+        for lookup, _ in signals.before_task_publish.receivers
+    )
+
+
+_armed: ContextVar[Gate | None] = ContextVar("celery_unique_armed", default=None)
+
+
+def send_armed(gate: Gate, producer: Any, send: Callable[[], Any]) -> Any:
+    """``send()`` the gate's job; its decision travels with the message if the channel can."""
+    if not _hooked(getattr(producer, "channel", None), gate):
+        gate.resolve()
+        gate.passed = True
+        return send()
+    token = _armed.set(gate)
+    try:
+        result = send()
+    finally:
+        _armed.reset(token)
+    if not gate.resolved:
+        # No queue is bound where the message was routed: kombu dropped it. The
+        # store is asked as it would be on any deployment.
+        gate.resolve()
+        gate.passed = True
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class _Hooked:
+    server: tuple[Any, ...]
+    db: int
+
+
+def _hooked(channel: Any, gate: Gate) -> bool:
+    """Whether ``channel`` is a Redis channel on the gate's store's server (and hooked)."""
+    if channel is None:
+        return False
+    hooked: _Hooked | bool | None = getattr(channel, "_celery_unique_put", False)
+    if hooked is False:
+        hooked = channel._celery_unique_put = _hook(channel)
+    colocated = gate.rt.colocation
+    return (
+        isinstance(hooked, _Hooked) and bool(colocated) and _same(colocated.server, hooked.server)
+    )
+
+
+def _hook(given: Any) -> _Hooked | None:
+    """Divert a kombu Redis channel's puts to the store while a gate is armed."""
+    from kombu.transport import redis as kombu_redis
+
+    from celery_unique.stores.redis import _server_of
+
+    if type(given) is not kombu_redis.Channel:
+        return None
+    channel: Any = given
+    kwargs = channel.pool.connection_kwargs
+    hooked = _Hooked(_server_of(kwargs), int(kwargs.get("db") or 0))
+    put, put_fanout = channel._put, channel._put_fanout
+    dumps = kombu_redis.dumps  # type: ignore[attr-defined]
+
+    def _put(queue: str, message: Any, **options: Any) -> Any:
+        gate = _armed.get()
+        if gate is None or gate.resolved:
+            return put(queue, message, **options)
+        expires = getattr(channel, "_expires", None)
+        if "_publish_batch" in options or (expires and queue in expires):
+            # kombu sends more than the message: it must send it itself.
+            gate.resolve()
+            gate.passed = True
+            return put(queue, message, **options)
+        key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
+        key = f"{getattr(channel, 'global_keyprefix', '') or ''}{key}"
+        payload = dumps(message)
+        claim, store = gate.claim, gate.rt.store
+        assert claim is not None
+        decision = gate.resolve(
+            lambda: store.decide_enqueue(claim, hooked.db, key, payload)  # type: ignore[attr-defined]
+        )
+        gate.passed = True
+        if decision is None:  # the store is down and the app fails open
+            return put(queue, message, **options)
+        gate.enqueued = True
+        return None
+
+    def _put_fanout(exchange: str, message: Any, routing_key: str, **options: Any) -> Any:
+        gate = _armed.get()
+        if gate is not None and not gate.resolved:
+            gate.resolve()
+            gate.passed = True
+        return put_fanout(exchange, message, routing_key, **options)
+
+    channel._put, channel._put_fanout = _put, _put_fanout
+    return hooked

@@ -1,0 +1,388 @@
+"""Store and broker on one Redis server: a created dispatch is one script call in all.
+
+The producer reaches that server through a loopback proxy that logs every
+command and can lose replies, so these tests see what goes over the wire.
+The messages the script enqueues are compared byte for byte with what
+kombu's own Redis transport writes for the same dispatch, over a few
+thousand randomized dispatches (queues, exchanges, routing keys, priorities,
+headers, ETAs, expiry); the version matrix runs this on every supported kombu.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import signals
+from kombu import Exchange, Producer, Queue
+from kombu.common import Broadcast
+
+from celery_unique import BackendUnavailable, Disposition, ImproperlyConfigured
+from celery_unique import config as unique_config
+from tests.faultproxy import FaultProxy
+from tests.processes import RedisServer
+
+from ._apps import Spec
+from .conftest import eventually, job_key, producer, task_of
+
+pytestmark = pytest.mark.slow
+
+#: Commands a client may send while it opens a connection.
+SETUP = {"HELLO", "CLIENT", "SELECT", "AUTH", "PING", "INFO"}
+
+
+@pytest.fixture
+def spec(make_spec: Callable[..., Spec], proxy: FaultProxy) -> Spec:
+    """Broker (db 1) and store (db 0) both reached through the proxy: one server."""
+    return make_spec(
+        broker_url=proxy.url(1), store_url=f"{proxy.url(0)}?socket_timeout=1", lease_s=300
+    )
+
+
+def broker_of(services: RedisServer) -> redis.Redis:
+    return redis.Redis.from_url(services.url(1))
+
+
+def sent_by(proxy: FaultProxy, dispatch: Callable[[], Any]) -> tuple[Any, list[str]]:
+    before = len(proxy.command_log())
+    result = dispatch()
+    return result, [name for name in proxy.command_log()[before:] if name not in SETUP]
+
+
+def warm(task: Any) -> None:
+    # Opens the store's and the broker's connections (their handshakes are commands too).
+    for n in range(2):
+        task.apply_async(unique_key=f"warm-{n}", unique_while="active")
+
+
+def test_a_created_dispatch_is_one_script_call_and_a_duplicate_builds_no_message(
+    spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    broker = broker_of(services)
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = broker.llen(spec.queue)
+        created, commands = sent_by(proxy, lambda: task.apply_async(unique_key="one"))
+        assert created.disposition is Disposition.CREATED
+        assert commands == ["EVALSHA"], "the decision carried the message: no LPUSH of its own"
+        assert broker.llen(spec.queue) == queued + 1
+        message = json.loads(broker.lindex(spec.queue, 0))
+        assert message["headers"]["id"] == created.id
+        reused, commands = sent_by(proxy, lambda: task.apply_async(unique_key="one"))
+        assert reused.disposition is Disposition.REUSED
+        assert reused.id == created.id
+        assert commands == ["EVALSHA"]
+        assert broker.llen(spec.queue) == queued + 1, "a duplicate enqueues nothing"
+        # A key found held is asked about before any message is built, and a
+        # fresh key goes back to the one-call path.
+        again, commands = sent_by(proxy, lambda: task.apply_async(unique_key="one"))
+        assert again.disposition is Disposition.REUSED
+        assert commands == ["EVALSHA"]
+        fresh, commands = sent_by(proxy, lambda: task.apply_async(unique_key="two"))
+        assert fresh.disposition is Disposition.CREATED
+        assert commands == ["EVALSHA"]
+
+
+def test_a_key_found_held_that_was_freed_is_created_by_asking_first(
+    spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    broker = broker_of(services)
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        first = task.apply_async(unique_key="freed")
+        assert task.apply_async(unique_key="freed").disposition is Disposition.REUSED
+        redis.Redis.from_url(services.url(0)).delete(job_key(spec, "freed"))
+        queued = broker.llen(spec.queue)
+        created, commands = sent_by(proxy, lambda: task.apply_async(unique_key="freed"))
+        assert created.disposition is Disposition.CREATED
+        assert created.id != first.id
+        assert commands == ["EVALSHA", "LPUSH"], "asked first (held recently), then published"
+        assert broker.llen(spec.queue) == queued + 1
+
+
+@pytest.mark.parametrize("fault", ["drop", "reset", "pause"])
+def test_a_lost_reply_never_parts_a_key_from_its_message(
+    fault: str, spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    """The script ran or it did not: the key and the message exist together, or neither."""
+    broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = broker.llen(spec.queue)
+        {"drop": lambda: proxy.drop_replies(1), "reset": lambda: proxy.reset_on_reply(1),
+         "pause": proxy.pause}[fault]()  # fmt: skip
+        with pytest.raises(BackendUnavailable) as lost:
+            task.apply_async(unique_key="lost", unique_while="active")
+        assert lost.value.maybe_applied
+        if fault == "pause":
+            proxy.resume()
+        time.sleep(3.0)  # longer than a separate store takes to undo a lost decision
+        held = store.get(job_key(spec, "lost"))
+        messages = [json.loads(raw) for raw in broker.lrange(spec.queue, 0, -1)[: -queued or None]]
+        assert (held is None) == (not messages), (held, messages)
+        if held is not None:
+            assert [m["headers"]["id"] for m in messages] == [held.split(b"\x1f")[2].decode()]
+            # The job exists: the caller's retry is handed it.
+            again = task.apply_async(unique_key="lost", unique_while="active")
+            assert again.disposition is Disposition.REUSED
+            assert again.id == messages[0]["headers"]["id"]
+        print(f"\n{fault}: script {'ran' if held else 'did not run'}")
+
+
+def test_a_drop_of_the_reply_after_the_script_ran_keeps_key_and_message(
+    spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    """The case a separate store undoes: here the job exists and must keep its key."""
+    broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = broker.llen(spec.queue)
+        proxy.drop_replies(1)
+        with pytest.raises(BackendUnavailable):
+            task.apply_async(unique_key="kept", unique_while="active")
+        time.sleep(3.0)
+        assert store.get(job_key(spec, "kept")) is not None, "the enqueued job lost its key"
+        assert broker.llen(spec.queue) == queued + 1
+
+
+class Wire:
+    """What one dispatch wrote to the broker's database: list name -> new messages."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def take(self) -> dict[bytes, list[bytes]]:
+        out: dict[bytes, list[bytes]] = {}
+        for name in self.client.scan_iter(count=1000):
+            if self.client.type(name) == b"list":
+                out[name] = self.client.lrange(name, 0, -1)
+                self.client.delete(name)
+        return out
+
+
+def _without_tag(raw: bytes) -> bytes:
+    """The message with what differs from one publish to the next blanked: kombu's
+    delivery tag (a UUID4 per publish) and the time to live Celery works out from
+    ``expires`` and the clock (milliseconds left)."""
+    properties = json.loads(raw)["properties"]
+    for varies in (properties["delivery_tag"], properties.get("expiration")):
+        if varies is not None:
+            needle = f'"{varies}"'.encode()
+            raw = raw.replace(needle, b'"' + b"0" * (len(needle) - 2) + b'"')
+    return raw
+
+
+def test_messages_are_byte_for_byte_what_kombu_writes(
+    spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    """Thousands of randomized dispatches through both paths land identically."""
+    rng = random.Random(20261201)
+    exchange = Exchange("routed", type="direct")
+    queues = [
+        Queue(spec.queue),
+        Queue(f"{spec.queue}.b", exchange, routing_key="rk.b"),
+        Queue(
+            f"{spec.queue}.c", exchange, routing_key="rk.c", queue_arguments={"x-max-priority": 9}
+        ),
+    ]
+    wire = Wire(broker_of(services))
+    store = redis.Redis.from_url(services.url(0))
+    changes = {
+        "task_queues": queues,
+        "broker_transport_options": {"priority_steps": list(range(10))},
+    }
+    with producer(replace(spec, settings={**spec.settings, **changes})) as app:
+        task = task_of(app)
+        warm(task)
+        rt = unique_config.runtime(app)
+        with app.connection_for_write() as connection:
+            for queue in queues:  # kombu's binding table for the routed exchange
+                queue(connection.default_channel).declare()
+        wire.take()
+        colocation = rt.colocation
+        assert colocation, "store and broker share a server"
+        compared = dropped = 0
+        lists: set[bytes] = set()
+        for n in range(2000):
+            options = _random_options(rng, n, queues)
+            args = (n, "é" * rng.randint(0, 3))
+            written = []
+            for path in (colocation, None):
+                rt.colocation = path  # None: ask the store, then let kombu publish
+                store.delete(job_key(spec, f"k{n}"))
+                sent = task.apply_async(args, unique_key=f"k{n}", task_id=f"job-{n}", **options)
+                assert sent.disposition is Disposition.CREATED
+                written.append(wire.take())
+            rt.colocation = colocation
+            colocated, separate = written
+            assert colocated.keys() == separate.keys(), (options, colocated, separate)
+            for name in colocated:
+                mine = [_without_tag(m) for m in colocated[name]]
+                kombus = [_without_tag(m) for m in separate[name]]
+                assert mine == kombus, (name, options, _first_difference(mine, kombus))
+                compared += len(colocated[name])
+                lists.add(name)
+            dropped += not colocated
+        # Celery routes an explicit exchange with the queue's name as routing key, which
+        # no binding matches: kombu drops those messages on both paths alike.
+        assert compared + dropped == 2000
+        assert compared > 1500, (compared, dropped)
+        assert len(lists) >= 20, "queues, exchanges and priority sub-queues all covered"
+
+
+def _first_difference(mine: list[bytes], kombus: list[bytes]) -> tuple[bytes, bytes]:
+    for a, b in zip(mine, kombus, strict=False):
+        at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if at is not None or len(a) != len(b):
+            at = min(len(a), len(b)) if at is None else at
+            return a[max(0, at - 60) : at + 60], b[max(0, at - 60) : at + 60]
+    return b"", b""
+
+
+def _random_options(rng: random.Random, n: int, queues: list[Queue]) -> dict[str, Any]:
+    now = datetime(2030, 1, 1, tzinfo=timezone.utc)
+    options: dict[str, Any] = {}
+    queue = rng.choice(queues)
+    how = rng.randrange(3)
+    if how == 0:
+        options["queue"] = queue.name
+    elif how == 1 and queue.routing_key:
+        options.update(exchange="routed", routing_key=queue.routing_key)
+    if rng.random() < 0.6:
+        options["priority"] = rng.randint(0, 9)
+    if rng.random() < 0.4:
+        options["headers"] = {f"h{rng.randrange(5)}": rng.choice(["x", 1, None, [1, "ü"]])}
+    if rng.random() < 0.3:
+        options["eta"] = now + timedelta(seconds=rng.randint(1, 10_000))
+    if rng.random() < 0.3:
+        options["expires"] = now + timedelta(days=rng.randint(1, 30))
+    if rng.random() < 0.2:
+        options["shadow"] = f"shadow-{n % 7}"
+    return options
+
+
+def test_the_path_is_taken_only_where_it_is_exact(
+    make_spec: Callable[..., Spec], proxy: FaultProxy, services: RedisServer
+) -> None:
+    """Off by setting, beside a foreign before_task_publish receiver, for a queue kombu
+    expires, a fanout exchange, and a connection to another server: asked first."""
+    broker = broker_of(services)
+    expiring = "expiring"
+    changes = {"task_queues": [Queue(expiring, expires=600.0), Broadcast("everyone")]}
+
+    def spec_with(**settings: Any) -> Spec:
+        return make_spec(
+            broker_url=proxy.url(1), store_url=proxy.url(0), settings={**changes, **settings}
+        )
+
+    def creates_in(task: Any, publish: str | None, key: str, **options: Any) -> None:
+        """A first dispatch declares the queue; the second is measured."""
+        task.apply_async(unique_key=f"{key}-declare", **options)
+        created, commands = sent_by(proxy, lambda: task.apply_async(unique_key=key, **options))
+        assert created.disposition is Disposition.CREATED
+        if publish is None:
+            assert commands == ["EVALSHA"], commands
+        else:
+            # Asked first (kombu may read its routing table before), then published.
+            assert commands.count("EVALSHA") == 1, commands
+            assert publish in commands[commands.index("EVALSHA") :], commands
+
+    with producer(spec_with(unique_colocated=False)) as app:
+        task = task_of(app)
+        warm(task)
+        creates_in(task, "LPUSH", "off")
+        assert not unique_config.runtime(app).colocation
+
+    with producer(spec_with()) as app:
+        task = task_of(app)
+        warm(task)
+        creates_in(task, None, "on")
+        creates_in(task, "LPUSH", "x-expires", queue=expiring)
+        task.apply_async(unique_key="fanout-declare", queue="everyone")
+        created, commands = sent_by(
+            proxy, lambda: task.apply_async(unique_key="fanout", queue="everyone")
+        )
+        assert created.disposition is Disposition.CREATED
+        asked = commands.index("EVALSHA")
+        assert not {"LPUSH", "PUBLISH"} & set(commands[:asked]), "published before the decision"
+        seen: list[str] = []
+
+        def foreign(sender: Any = None, headers: Any = None, **_: Any) -> None:
+            seen.append(headers["id"])
+
+        signals.before_task_publish.connect(foreign, weak=False, dispatch_uid="test.foreign")
+        try:
+            creates_in(task, "LPUSH", "foreign")
+            assert task.apply_async(unique_key="foreign").disposition is Disposition.REUSED
+            assert len(seen) == 2, "the signal fired for a dispatch that published nothing"
+        finally:
+            signals.before_task_publish.disconnect(dispatch_uid="test.foreign")
+        other = app.connection_for_write(services.url(1))  # the server, not through the proxy
+        queued = broker.llen(app.conf.task_default_queue)
+        with other:
+            created, commands = sent_by(
+                proxy, lambda: task.apply_async(unique_key="given", connection=other)
+            )
+        assert created.disposition is Disposition.CREATED
+        assert commands == ["EVALSHA"]
+        assert broker.llen(app.conf.task_default_queue) == queued + 1
+
+
+def test_a_worker_runs_what_the_script_enqueued(
+    spec: Spec, start_worker: Callable[..., Any], services: RedisServer
+) -> None:
+    """A real prefork worker consumes the message and frees the key at the end."""
+    store = redis.Redis.from_url(services.url(0))
+    with producer(spec) as app:
+        task = task_of(app)
+        created = task.apply_async(unique_key="ran", unique_while="active")
+        assert created.disposition is Disposition.CREATED
+        assert store.get(job_key(spec, "ran")) is not None
+        start_worker(spec)
+        eventually(lambda: store.get(job_key(spec, "ran")) is None, 30.0, "the job to run and end")
+
+
+def test_unique_colocated_refuses_other_values(spec: Spec) -> None:
+    with (
+        producer(replace(spec, settings={"unique_colocated": "yes"})) as app,
+        pytest.raises(ImproperlyConfigured, match="unique_colocated"),
+    ):
+        unique_config.runtime(app)
+
+
+def test_a_failure_after_the_message_was_enqueued_keeps_its_key(
+    spec: Spec, services: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kombu's publish raises once the message is in the queue: the job exists, so its
+    key stays (a store asked first rolls its key back: there, nothing was sent)."""
+    broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
+    publish = Producer.publish
+
+    def publish_then_fail(self: Producer, *args: Any, **kwargs: Any) -> Any:
+        publish(self, *args, **kwargs)
+        raise RuntimeError("publish failed after the message left")
+
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = broker.llen(spec.queue)
+        monkeypatch.setattr(Producer, "publish", publish_then_fail)
+        with pytest.raises(RuntimeError, match="after the message left"):
+            task.apply_async(unique_key="after", unique_while="active")
+        monkeypatch.undo()
+        assert broker.llen(spec.queue) == queued + 1
+        held = store.get(job_key(spec, "after"))
+        assert held is not None, "the enqueued job's key was rolled back"
+        message = json.loads(broker.lindex(spec.queue, 0))
+        assert message["headers"]["id"].encode() in held
