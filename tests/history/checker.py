@@ -776,10 +776,14 @@ def _owed_runs(
     for event in history.of("followed"):
         published[event["of"]].append(event)
     asked: dict[str, list[str]] = defaultdict(list)
+    #: The arguments (by nonce) of the duplicates told a run is owed, per job.
+    told: dict[str, set[str]] = defaultdict(set)
     for dispatch in history.of("dispatch"):
         for item in dispatch["items"]:
             if item.get("effect") == "rerun":
                 asked[item["job"]].append(item["jid"])
+                if item.get("nonce"):
+                    told[item["job"]].add(item["nonce"])
     node_kills = _node_kills(history)
     for ended, events in published.items():
         if len(events) > 1:
@@ -816,6 +820,11 @@ def _owed_runs(
         )
         if any(run.asked is not None and run.asked > first_asked for run in job.runs):
             continue  # a later run (a retry, a delivery again) ran with the latest arguments
+        if any(run.nonce in told[ended] for run in job.runs):
+            # A run was handed a duplicate's arguments as it started: the store ran its
+            # start after that duplicate's decision (client clocks cannot tell), and
+            # the run it was owed is that run.
+            continue
         if job.dropped is not None and job.dropped >= end:
             # Its last message was dropped unrun (revoked, expired) by a worker that may
             # not have seen the previous run end elsewhere: the key, and the run owed

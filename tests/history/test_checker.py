@@ -413,6 +413,24 @@ def test_an_owed_run_never_published_is_caught() -> None:
     assert violations(lost).get("I6") == 1
 
 
+def test_a_run_handed_the_duplicates_arguments_is_the_run_it_was_owed() -> None:
+    """The run asked before the duplicate by the clients' clocks, but the store started it
+    after the duplicate's decision: it ran with the duplicate's arguments (n2), so nothing
+    more is owed. With the old arguments (n1) the owed run is lost."""
+    late_start = history(
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n2", 1.05, 1.1, 2.0),
+        dispatch(1.06, duplicate("J1", "F1", "n2", "rerun")),
+    )
+    assert violations(late_start) == {}
+    lost = history(
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.06, duplicate("J1", "F1", "n2", "rerun")),
+    )
+    assert violations(lost).get("I6") == 1
+
+
 def test_a_run_with_stale_arguments_is_caught() -> None:
     """n3 returned (replacing n2's arguments) before the run asked: running with n2 is stale."""
     stale = history(
