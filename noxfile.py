@@ -3,9 +3,10 @@
 ``scripts/test`` runs the whole suite on the development environment (the
 newest Celery, kombu, redis-py and Django, on the machine's Python). Each cell
 here installs the project with other versions into a virtualenv of its own
-and runs the tests that tell whether it works there: unit, store contract,
-Django store contract, a real prefork worker whose pool child is killed, and
-the one-script path's messages compared byte for byte with the cell's kombu.
+and runs the tests that tell whether it works there: unit, store contract, a
+real prefork worker whose pool child is killed, and the one-script path's
+messages compared byte for byte with the cell's kombu; Django cells add the
+Django store contract, migrations, checks and store.
 ``scripts/matrix`` runs every cell, two at a time, and prints a table.
 
 Interpreters are the ones already on the machine (pyenv's), never
@@ -34,13 +35,13 @@ nox.options.error_on_missing_interpreters = True
 TESTS = [
     "tests/unit",
     "tests/contract",
-    "tests/django/test_django_store_contract.py",
     "tests/faults/test_worker_crash.py::test_acks_late_job_of_a_killed_pool_child_keeps_its_key_and_runs_again",
     # The one-script path writes what this cell's kombu writes, byte for byte.
     "tests/faults/test_colocated.py::test_messages_are_byte_for_byte_what_kombu_writes",
 ]
 #: What a Django cell runs besides.
 DJANGO_TESTS = [
+    "tests/django/test_django_store_contract.py",
     "tests/django/test_migrations.py",
     "tests/django/test_checks.py",
     "tests/django/test_django_store.py",

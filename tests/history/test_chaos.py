@@ -19,7 +19,8 @@ from tests.processes import require_redis_server
 
 pytestmark = pytest.mark.slow
 
-#: Seconds of faults per CI run: three seeds, on Redis, then once on RabbitMQ.
+#: Seconds of faults per CI run: three seeds on a Redis broker (one of them with store
+#: and broker on one server), then one on RabbitMQ.
 SECONDS = 12.0
 
 
@@ -30,7 +31,7 @@ def play(config: Config) -> Outcome:
     return outcome
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+@pytest.mark.parametrize("seed", [11, 12])
 def test_no_violation_under_random_faults_on_redis(seed: int, tmp_path: Path) -> None:
     """Dispatches, runs and releases under child and node kills, store and broker faults: clean."""
     outcome = play(Config(seconds=SECONDS, seed=seed, directory=tmp_path))
