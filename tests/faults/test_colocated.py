@@ -246,7 +246,9 @@ def test_messages_are_byte_for_byte_what_kombu_writes(
         assert compared > 1500, (compared, dropped)
         assert len(lists) >= 20, "queues, exchanges and priority sub-queues all covered"
         client = wire.client
-        strays = [key for key in client.scan_iter() if client.type(key) == b"list"]
+        strays = [
+            key for key in client.scan_iter(match=f"{spec.queue}*") if client.type(key) == b"list"
+        ]
         assert strays == [], "a message landed where kombu would not have put it"
 
 
