@@ -139,8 +139,7 @@ _armed: ContextVar[Gate | None] = ContextVar("celery_unique_armed", default=None
 def send_armed(gate: Gate, producer: Any, send: Callable[[], Any]) -> Any:
     """``send()`` the gate's job; its decision travels with the message if the channel can."""
     if not _hooked(getattr(producer, "channel", None), gate):
-        gate.resolve()
-        gate.passed = True
+        gate.let_out()
         return send()
     token = _armed.set(gate)
     try:
@@ -150,8 +149,7 @@ def send_armed(gate: Gate, producer: Any, send: Callable[[], Any]) -> Any:
     if not gate.resolved:
         # No queue is bound where the message was routed: kombu dropped it. The
         # store is asked as it would be on any deployment.
-        gate.resolve()
-        gate.passed = True
+        gate.let_out()
     return result
 
 
@@ -195,18 +193,16 @@ def _hook(given: Any) -> _Hooked | None:
         expires = getattr(channel, "_expires", None)
         if "_publish_batch" in options or (expires and queue in expires):
             # kombu sends more than the message: it must send it itself.
-            gate.resolve()
-            gate.passed = True
+            gate.let_out()
             return put(queue, message, **options)
         key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
         key = f"{getattr(channel, 'global_keyprefix', '') or ''}{key}"
         payload = dumps(message)
         claim, store = gate.claim, gate.rt.store
         assert claim is not None
-        decision = gate.resolve(
+        decision = gate.let_out(
             lambda: store.decide_enqueue(claim, hooked.db, key, payload)  # type: ignore[attr-defined]
         )
-        gate.passed = True
         if decision is None:  # the store is down and the app fails open
             return put(queue, message, **options)
         gate.enqueued = True
@@ -215,8 +211,7 @@ def _hook(given: Any) -> _Hooked | None:
     def _put_fanout(exchange: str, message: Any, routing_key: str, **options: Any) -> Any:
         gate = _armed.get()
         if gate is not None and not gate.resolved:
-            gate.resolve()
-            gate.passed = True
+            gate.let_out()
         return put_fanout(exchange, message, routing_key, **options)
 
     channel._put, channel._put_fanout = _put, _put_fanout

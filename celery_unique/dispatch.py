@@ -548,8 +548,7 @@ def apply_unique(
         if gate is not None:
             # Celery's eager apply_async running the job it is dispatching: that
             # dispatch asked the store already; the job runs only if it created.
-            gate.resolve()
-            gate.passed = True
+            gate.let_out()
             ran = run_eagerly(
                 app,
                 gate.rt,

@@ -109,6 +109,12 @@ class Gate:
             raise NotPublished
         return self.decision
 
+    def let_out(self, ask: Callable[[], Decision] | None = None) -> Decision | None:
+        """:meth:`resolve`, and note that the job goes out through this gate."""
+        decision = self.resolve(ask)
+        self.passed = True
+        return decision
+
     def _answer(self, ask: Callable[[], Decision] | None) -> Decision:
         if self._pending is not None:
             return self._pending.wait()[0]
@@ -155,8 +161,7 @@ def pass_gate(job_id: str | None) -> Gate | None:
     """Let ``job_id`` out only if its store answer says so; ``None`` when it has no gate."""
     gate = gate_for(job_id)
     if gate is not None:
-        gate.resolve()
-        gate.passed = True
+        gate.let_out()
     return gate
 
 

@@ -245,15 +245,18 @@ class RedisStore(Store):
                 cleanup.undo_decision(self, claims, failure)
                 raise failure from exc
             return DecidedAlready(self._decisions(claims, reply))
+        return _PendingScript(self, self._script_connection(), claims, keys, args)
+
+    def _script_connection(self) -> _Borrowed | Lane:
+        """The dispatching thread's own connection, else one lent by the pool."""
         try:
             # A failure to connect sent nothing: nothing to undo.
             lane = None if self._lanes is None else self._lanes.take()
-            source: _Borrowed | Lane = lane if lane is not None else _Borrowed(self._pool)
+            return lane if lane is not None else _Borrowed(self._pool)
         except Exception as exc:
             if is_outage(exc):
                 raise unavailable(exc) from exc
             raise
-        return _PendingScript(self, source, claims, keys, args)
 
     def server(self) -> tuple[Any, ...] | None:
         """Where the store's connections go: ``(host, port, unix path)``; ``None`` for a
@@ -278,14 +281,8 @@ class RedisStore(Store):
         keys, args = self._decide_arguments([claim], True)
         payload = message.decode() if isinstance(message, bytes) else message
         args += [db, self.db, queue, payload]
-        try:
-            lane = self._lanes.take() if self._lanes is not None else None
-            source: _Borrowed | Lane = lane if lane is not None else _Borrowed(self._pool)
-        except Exception as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
-        return _PendingScript(self, source, [claim], keys, args, undo=False).wait()[0]
+        pending = _PendingScript(self, self._script_connection(), [claim], keys, args, undo=False)
+        return pending.wait()[0]
 
     def _decisions(self, claims: Sequence[Claim], reply: bytes | str) -> list[Decision]:
         text = _text(reply)
