@@ -41,6 +41,16 @@ UniqueWhile = Literal["queued", "active", "exists"]
 OnDuplicateName = Literal["reuse", "latest", "debounce"]
 
 
+#: Set on a job's request once ``replace()`` sent its replacement.
+_REPLACEMENT_SENT = "celery_unique_replacement_sent"
+
+
+def _replaced_then(job_id: str | None, exc: Exception) -> Replaced:
+    """How a run whose replacement left ends when ``exc`` was raised after the send."""
+    logger.warning("job %s is replaced: %r was raised after its replacement was sent", job_id, exc)
+    return Replaced(f"replaced; then {exc!r}")
+
+
 class UniqueMixin(_MixinBase):
     """Uniqueness for a task class of your own: ``class MyTask(UniqueMixin, Base)``.
 
@@ -91,13 +101,22 @@ class UniqueMixin(_MixinBase):
             latest, kwargs = runs.latest_arguments(self, begun.arguments)
             args = tuple(latest)
         request = self.request_stack.top
-        if request is not None and not request.called_directly:
-            # The worker's tracer has already pushed this job's request. Before
-            # Celery 5.7, Task.__call__ would push an empty one over it, and the
-            # body would see no task id; the tracer calls ``run`` itself for a
-            # task without a custom ``__call__``, so do the same.
-            return self.run(*args, **kwargs)
-        return super().__call__(*args, **kwargs)
+        try:
+            if request is not None and not request.called_directly:
+                # The worker's tracer has already pushed this job's request. Before
+                # Celery 5.7, Task.__call__ would push an empty one over it, and the
+                # body would see no task id; the tracer calls ``run`` itself for a
+                # task without a custom ``__call__``, so do the same.
+                return self.run(*args, **kwargs)
+            return super().__call__(*args, **kwargs)
+        except Replaced:
+            raise
+        except Exception as exc:
+            # The body went on after replace() (a ``finally`` that raised, a soft
+            # time limit): its replacement carries the job on all the same.
+            if request is None or not getattr(request, _REPLACEMENT_SENT, False):
+                raise
+            raise _replaced_then(request.id, exc) from exc
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -167,6 +186,8 @@ class UniqueMixin(_MixinBase):
                 with nullcontext() if eager else soft_limit_held_back():
                     return super().on_replace(sig)
             except Ignore as ended:
+                if not eager:
+                    setattr(self.request, _REPLACEMENT_SENT, True)
                 # The worker's main process learns from this that the job goes on.
                 raise Replaced(*ended.args) from None
             except Exception as exc:
@@ -177,12 +198,8 @@ class UniqueMixin(_MixinBase):
                 # A time limit (say) struck once the replacement had left: it
                 # carries the job on whatever follows here. Failing the job now
                 # would free its keys beside a replacement that will run.
-                logger.warning(
-                    "job %s is replaced: %r was raised after its replacement was sent",
-                    job_id,
-                    exc,
-                )
-                raise Replaced(f"replaced; then {exc!r}") from exc
+                setattr(self.request, _REPLACEMENT_SENT, True)
+                raise _replaced_then(job_id, exc) from exc
 
     def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""

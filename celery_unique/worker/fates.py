@@ -54,7 +54,7 @@ from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 
 from celery_unique import cleanup, resend
@@ -124,9 +124,10 @@ class Fate:
         self.continued = False
         self.resent: resend.Resend | None = None
         self.decided = False
-        #: The run may have handed its key to a replacement: it was replaced, or cut
-        #: short (a replacement may have left just before). Any other end was
-        #: reported by the run itself, which sent no replacement.
+        #: The run may have handed its key to a replacement: it was replaced, cut
+        #: short (a replacement may have left just before), or Celery's code raised
+        #: after the body (hiding how it ended). Any other end was reported by the
+        #: run itself, which sent no replacement.
         self.handing_over = True
         #: Releases of other deliveries of the job that wait for this one's decision.
         self.deferred: list[Callable[[], None]] = []
@@ -150,15 +151,18 @@ class Fate:
         cut_short: bool,
         continued: bool,
         stale: bool = False,
-        replaced: bool = False,
+        may_have_handed_over: bool = False,
     ) -> None:
-        """Note the end of the run; :meth:`check` after Celery settled the message."""
+        """Note the end of the run; :meth:`check` after Celery settled the message.
+
+        ``may_have_handed_over``: the run raised ``Replaced``, or its end is hidden
+        behind an error Celery raised after the body."""
         with _lock:
             self.running = False
             self.ended = True
             self.continued = self.continued or continued
             self.stale = self.stale or stale
-            self.handing_over = cut_short or replaced
+            self.handing_over = cut_short or may_have_handed_over
             if cut_short and pid is not None and pid != os.getpid():
                 self.pool_child = pid
 
@@ -296,6 +300,16 @@ def forgotten(message: Any) -> bool | None:
     return False
 
 
+def _outside_body(exc_info: Any, exc: BaseException | None) -> bool:
+    """Whether Celery's own code raised after the body (a soft time limit striking
+    there, say): the report hides how the body ended, which may have been
+    ``Replaced``. Retry, Ignore and Reject are reported as internal too, and say
+    how the body ended."""
+    return bool(getattr(exc_info, "internal", False)) and not isinstance(
+        exc, Retry | Ignore | Reject
+    )
+
+
 def _header(request_dict: dict[str, Any]) -> KeyHeader | None:
     value = request_dict.get(HEADER)
     if isinstance(value, dict) and value.get("v") == VERSION and value.get("a"):
@@ -355,7 +369,7 @@ class FateMixin:
             cut_short=isinstance(exc, _CUT_SHORT),
             continued=isinstance(exc, Retry | Replaced | runs.Deferred),
             stale=isinstance(exc, runs.Stale),
-            replaced=isinstance(exc, Replaced),
+            may_have_handed_over=isinstance(exc, Replaced) or _outside_body(exc_info, exc),
         )
         if isinstance(exc, _RESENDING):
             # Celery may retry the job from here (task_retry_on_worker_lost): that

@@ -15,6 +15,7 @@ from ``PATHS_SPEC`` and calls :func:`build`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -223,6 +224,37 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         with answering_late(runtime(self.app).store, HANDING_OVER, HANG_S):
             return self.replace(later)
 
+    tail_after_error = task("tail_after_error", work, base=Task)
+
+    def replace_then_raise(self: Any, run: int) -> Any:
+        try:
+            # Due a second later (as are the next path's): the replaced run's end
+            # reaches the store before the replacement starts.
+            return self.replace(tail_after_error.s(self.request.kwargs["key"]).set(countdown=1))
+        finally:
+            raise RuntimeError("the body went on after replace(), and failed")
+
+    tail_after_internal = task("tail_after_internal", work, base=Task)
+
+    def replace_before_internal_error(self: Any, run: int) -> Any:
+        return self.replace(tail_after_internal.s(self.request.kwargs["key"]).set(countdown=1))
+
+    class FailAfterBody(logging.Filter):
+        """Raises in Celery's own code after the body (where it logs the run as
+        ignored), as a soft time limit striking there does."""
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            data = getattr(record, "data", None)
+            if (
+                isinstance(data, dict)
+                and data.get("name") == f"{PREFIX}.replace_internal_error"
+                and data.get("description") == "ignored"
+            ):
+                raise RuntimeError("Celery's code failed after the body")
+            return True
+
+    logging.getLogger("celery.app.trace").addFilter(FailAfterBody())
+
     def hang_once_sent(sender: Any = None, **_: Any) -> None:
         # The replacement has left; the pool child now hangs until its hard time
         # limit kills it, before replace() could end the run as replaced.
@@ -248,6 +280,8 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_hard_limit", replace_then_cut, time_limit=1)
     task("replace_soft_limit", replace_then_limit, soft_time_limit=0.5)
     task("replace_slow_mark", replace_marked_slowly, soft_time_limit=0.5)
+    task("replace_then_raise", replace_then_raise)
+    task("replace_internal_error", replace_before_internal_error)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

@@ -54,8 +54,10 @@ CUT_AFTER_S = 0.3
 SAMPLE_S = 0.025
 #: After the key is released, how long a cell keeps watching for more runs.
 SETTLE_S = 2.0
-#: A release counts as "at" an event when it follows it within this long.
-PROMPT_S = 3.0
+#: A release counts as "at" an event when it follows it within this long: below
+#: the 10 s a release waits at most for a pool child's exit (a wait that never
+#: ends shows), above the few seconds a loaded machine's worker can be late.
+PROMPT_S = 5.0
 #: How long before its body starts the pool may report a job accepted (a child
 #: busy with its preamble on a loaded machine).
 ACCEPTED_S = 3.0
@@ -106,6 +108,17 @@ PATHS = (
         "(the job fails; nothing was sent)",
         1,
         prefork_only=True,
+    ),
+    Path_(
+        "replace_then_raise",
+        "`replace()` by a plain task, then an error in the body (a `finally`)",
+        2,
+    ),
+    Path_(
+        "replace_internal_error",
+        "`replace()` by a plain task, then an error in Celery's code after the body "
+        "(where a soft time limit can strike)",
+        2,
     ),
     Path_(
         "replace_hard_limit",
@@ -207,8 +220,12 @@ class Observed:
 
     @property
     def last_event(self) -> int | None:
-        """The end of the job's last run (or the moment it was cut short)."""
+        """The end of the job's last run (or the moment it was cut short).
+
+        No earlier than the start of its last run: a run seen starting whose end
+        the watch did not wait for must still find the key held."""
         events = [record["end"] for record in self.ends]
+        events += [record["start"] for record in self.starts]
         if self.cut_at is not None and self.path.drive in ("kill", "terminate"):
             events.append(self.cut_at)
         ended = {record["run"] for record in self.ends}
