@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from celery import Task, chord, group
 from celery.canvas import Signature, _chain
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 
 from celery_unique import resend
@@ -41,14 +41,21 @@ UniqueWhile = Literal["queued", "active", "exists"]
 OnDuplicateName = Literal["reuse", "latest", "debounce"]
 
 
-#: Set on a job's request once ``replace()`` sent its replacement.
-_REPLACEMENT_SENT = "celery_unique_replacement_sent"
-
-
 def _replaced_then(job_id: str | None, exc: Exception) -> Replaced:
     """How a run whose replacement left ends when ``exc`` was raised after the send."""
     logger.warning("job %s is replaced: %r was raised after its replacement was sent", job_id, exc)
     return Replaced(f"replaced; then {exc!r}")
+
+
+def _retried_then(job_id: str | None, exc: Exception) -> Retry:
+    """How a run whose next attempt left ends when ``exc`` was raised after the send."""
+    logger.warning("job %s is retried: %r was raised after its next attempt was sent", job_id, exc)
+    return Retry(f"retried; then {exc!r}", exc=exc)
+
+
+#: Set on a job's request once ``replace()`` or ``retry()`` sent the job on: how
+#: the run ends if the body raises after that.
+_SENT_ON = "celery_unique_sent_on"
 
 
 class UniqueMixin(_MixinBase):
@@ -109,14 +116,16 @@ class UniqueMixin(_MixinBase):
                 # task without a custom ``__call__``, so do the same.
                 return self.run(*args, **kwargs)
             return super().__call__(*args, **kwargs)
-        except Replaced:
+        except (Replaced, Retry):
             raise
         except Exception as exc:
-            # The body went on after replace() (a ``finally`` that raised, a soft
-            # time limit): its replacement carries the job on all the same.
-            if request is None or not getattr(request, _REPLACEMENT_SENT, False):
+            # The body went on after replace() or retry() sent the job on (a
+            # ``finally`` that raised, a soft time limit): that message carries the
+            # job all the same.
+            went_on = None if request is None else getattr(request, _SENT_ON, None)
+            if went_on is None:
                 raise
-            raise _replaced_then(request.id, exc) from exc
+            raise went_on(request.id, exc) from exc
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -187,7 +196,7 @@ class UniqueMixin(_MixinBase):
                     return super().on_replace(sig)
             except Ignore as ended:
                 if not eager:
-                    setattr(self.request, _REPLACEMENT_SENT, True)
+                    setattr(self.request, _SENT_ON, _replaced_then)
                 # The worker's main process learns from this that the job goes on.
                 raise Replaced(*ended.args) from None
             except Exception as exc:
@@ -198,8 +207,38 @@ class UniqueMixin(_MixinBase):
                 # A time limit (say) struck once the replacement had left: it
                 # carries the job on whatever follows here. Failing the job now
                 # would free its keys beside a replacement that will run.
-                setattr(self.request, _REPLACEMENT_SENT, True)
+                setattr(self.request, _SENT_ON, _replaced_then)
                 raise _replaced_then(job_id, exc) from exc
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        """Celery's ``retry()``, the job's keys handed to the attempt it sends.
+
+        Marked as handed over before the send (as for ``replace()``): whatever
+        ends this run once the next attempt has left (an error raised after
+        ``retry()``, a time limit), the keys stay with that attempt.
+        """
+        request = self.request
+        eager = request.is_eager or request.called_directly
+        install_gate(self.app)
+        undo = None if eager else runs.hand_over(self)
+        with resend.counting_sends() as sent:
+            try:
+                with nullcontext() if eager else soft_limit_held_back():
+                    went_on = super().retry(*args, **kwargs)
+            except Retry:
+                if sent and not eager:
+                    setattr(request, _SENT_ON, _retried_then)
+                raise
+            except Exception as exc:
+                if not sent or eager:
+                    if undo is not None:
+                        undo()
+                    raise
+                setattr(request, _SENT_ON, _retried_then)
+                raise _retried_then(request.id, exc) from exc
+        if sent and not eager:
+            setattr(request, _SENT_ON, _retried_then)
+        return went_on
 
     def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""

@@ -51,6 +51,13 @@ when a chunk arrives from the upstream, in this order: reset, drop, delay.
     The next ``count`` chunks are not forwarded; instead both sides of their
     connection are reset (``SO_LINGER`` 0, so the client reads ECONNRESET)
     when the chunk would have been forwarded. The server executed the request.
+``reset_on_reply_to(name, refuse=False)``
+    The next command named ``name`` (any client) goes to the server; the next
+    reply chunk on its connection is not forwarded, and both sides of that
+    connection are reset instead: the server executed the command, its client
+    reads ECONNRESET. Aims a lost reply at one command of a busy client. With
+    ``refuse``, new connections are refused from that moment (as by
+    ``refuse(True)``), so that a client's retries fail too.
 ``reset_all()``
     Reset every open client connection, and its upstream, now.
 ``pause()`` / ``resume()``
@@ -238,6 +245,7 @@ class _Link:
         "held",
         "held_bytes",
         "parser",
+        "reset_reply",
         "to_client",
         "to_upstream",
         "upstream",
@@ -264,6 +272,7 @@ class _Link:
         self.doomed = False
         self.closed = False
         self.parser = RespRequestParser()
+        self.reset_reply = False
 
 
 class _Request:
@@ -324,6 +333,8 @@ class FaultProxy:
         self._delay = 0.0
         self._drop_left: int | None = 0
         self._reset_left = 0
+        self._reset_after: str | None = None
+        self._refuse_after_reset = False
         self._paused = False
         self._refusing = False
 
@@ -468,6 +479,16 @@ class FaultProxy:
 
         self._control(action)
 
+    def reset_on_reply_to(self, name: str, *, refuse: bool = False) -> None:
+        """Reset the connection of the next command named ``name`` when its reply comes
+        (and, with ``refuse``, refuse new connections from then on)."""
+
+        def action() -> None:
+            self._reset_after = name.upper()
+            self._refuse_after_reset = refuse
+
+        self._control(action)
+
     def reset_all(self) -> None:
         """Reset every open connection, both sides, before returning."""
 
@@ -500,6 +521,7 @@ class FaultProxy:
             self._delay = 0.0
             self._drop_left = 0
             self._reset_left = 0
+            self._reset_after = None
             self._paused = False
             self._refusing = False
 
@@ -734,8 +756,12 @@ class FaultProxy:
         if link.doomed:
             return
         due = time.monotonic() + self._delay
-        if self._reset_left:
-            self._reset_left -= 1
+        if self._reset_left or link.reset_reply:
+            if link.reset_reply:
+                link.reset_reply = False
+                self._refusing = self._refusing or self._refuse_after_reset
+            else:
+                self._reset_left -= 1
             link.doomed = True
             link.held.append((due, None))
         elif self._drop_left is None or self._drop_left:
@@ -780,6 +806,9 @@ class FaultProxy:
                 del link.to_upstream[:sent]
                 self.bytes_up += sent
                 names = link.parser.feed(chunk)
+                if self._reset_after is not None and self._reset_after in names:
+                    self._reset_after = None
+                    link.reset_reply = True
                 if names:
                     with self._names_lock:
                         self.commands_seen += len(names)

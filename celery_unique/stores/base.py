@@ -161,7 +161,8 @@ GOES_ON = -1
 #: ``Release.keep_ms`` of a run that started: the key the job holds gets the
 #: run's mark (nothing else changes; a key the job does not hold is left alone).
 RUNNING = -2
-#: ``Release.keep_ms`` of a run about to hand its job over to a replacement:
+#: ``Release.keep_ms`` of a run about to hand its job over to a replacement (or
+#: to its next attempt):
 #: the key stays, marked as handed over by the run. A release that names the
 #: run (a time limit that struck after the replacement left, say) leaves it
 #: alone; the replacement's start takes the key as the job's next run.

@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -216,7 +217,9 @@ class Fate:
         """The write that takes back a hand-over mark the run left: a run that reports
         its own end sent no replacement (``replace()`` turns a send into ``Replaced``),
         but a time limit or the store can have stopped it from taking the mark back,
-        and the mark would keep the key from the run's release until the lease."""
+        and the mark would keep the key from the run's release until the lease. A
+        ``Retry`` end takes back the mark its send left: the job goes on, and the key
+        waits for the next attempt unmarked, as any job not running."""
         return () if self.handing_over else (HAND_OVER_UNDONE,)
 
     def _release(self, *, finished: bool) -> None:
@@ -252,7 +255,7 @@ class Fate:
             within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
             on_released=released,
             after_exit_of=self.pool_child if finished else None,
-            after=(lambda: forgotten(message)) if message is not None else None,
+            after=None if message is None else forgotten_within(message, ACK_WAIT_S),
             first=ended,
             before=passes_on,
         )
@@ -283,6 +286,35 @@ def _forget_undecided(fate: Fate) -> None:
         fates.remove(fate)
         if not fates:
             del _undecided[fate.job_id]
+
+
+#: How long a release waits for kombu to confirm the acknowledgement (or reject)
+#: Celery asked for, before it goes all the same.
+ACK_WAIT_S = 10.0
+
+
+def forgotten_within(message: Any, wait_s: float) -> Callable[[], bool | None]:
+    """:func:`forgotten`, except that an acknowledgement still unconfirmed after
+    ``wait_s`` counts as made.
+
+    The worker's event loop sends an acknowledgement a moment after Celery asks
+    for it; one still unconfirmed after that failed (the broker connection
+    broke), and whether the broker got it is unknown: a lost reply. Waiting on
+    would hold the key until its lease for a message the broker may well have
+    forgotten. Released anyway, the key is still safe: a copy the broker
+    delivers again has marked the key with its own run by then (the release
+    names this run and leaves it alone), or it finds the key free and takes it,
+    or held by a newer job and does not run.
+    """
+    asked = time.monotonic()
+
+    def settled() -> bool | None:
+        state = forgotten(message)
+        if state is False and time.monotonic() - asked >= wait_s:
+            return True
+        return state
+
+    return settled
 
 
 def forgotten(message: Any) -> bool | None:

@@ -195,11 +195,12 @@ def defer(task: Any, silent: StoreSilent) -> Deferred:
 
 
 def hand_over(task: Any) -> Callable[[], None] | None:
-    """Mark the key of the run ``task`` is in as handed over to a replacement (pool).
+    """Mark the key of the run ``task`` is in as handed over to the message about to
+    carry the job on: its replacement, or its next attempt (pool).
 
-    Done before the replacement is sent: whatever ends this run after that (a
-    hard time limit while the send waits on the broker), its release leaves the
-    key to the replacement. Returns what undoes the mark if nothing is sent;
+    Done before that message is sent: whatever ends this run after that (a hard
+    time limit while the send waits on the broker), its release leaves the key to
+    the message, whose run takes it over. Returns what undoes the mark if nothing is sent;
     ``None`` when there is no mark to make or the store did not take it.
     """
     request = task.request
@@ -213,7 +214,7 @@ def hand_over(task: Any) -> Callable[[], None] | None:
         [marked] = store.release_many([Release(request.id, key, HANDING_OVER, run)])
     except BackendUnavailable as exc:
         logger.warning(
-            "job %s is replaced without its key marked as handed over: %s", request.id, exc
+            "job %s is sent on without its key marked as handed over: %s", request.id, exc
         )
         return None
     if not marked:

@@ -239,16 +239,36 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     def replace_before_internal_error(self: Any, run: int) -> Any:
         return self.replace(tail_after_internal.s(self.request.kwargs["key"]).set(countdown=1))
 
+    def retry_then_raise(self: Any, run: int) -> Any:
+        if self.request.retries >= 1:
+            return time.sleep(WORK_S)
+        try:
+            raise self.retry(countdown=1)
+        finally:
+            raise RuntimeError("the body went on after retry(), and failed")
+
+    def retry_before_internal_error(self: Any, run: int) -> Any:
+        if self.request.retries >= 1:
+            return time.sleep(WORK_S)
+        raise self.retry(countdown=1)
+
+    def retry_then_cut(self: Any, run: int) -> Any:
+        if self.request.retries >= 1:
+            return time.sleep(WORK_S)
+        # Due after the hard time limit, which strikes as the attempt leaves.
+        raise self.retry(countdown=SLOW_S)
+
     class FailAfterBody(logging.Filter):
-        """Raises in Celery's own code after the body (where it logs the run as
-        ignored), as a soft time limit striking there does."""
+        """Raises in Celery's own code after the body (where it logs how the run
+        ended), as a soft time limit striking there does."""
 
         def filter(self, record: logging.LogRecord) -> bool:
             data = getattr(record, "data", None)
-            if (
-                isinstance(data, dict)
-                and data.get("name") == f"{PREFIX}.replace_internal_error"
-                and data.get("description") == "ignored"
+            if not isinstance(data, dict):
+                data = record.args if isinstance(record.args, dict) else {}
+            name, description = data.get("name"), data.get("description")
+            if (name, description) == (f"{PREFIX}.replace_internal_error", "ignored") or (
+                name == f"{PREFIX}.retry_internal_error" and "retry" in str(record.msg)
             ):
                 raise RuntimeError("Celery's code failed after the body")
             return True
@@ -258,7 +278,9 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     def hang_once_sent(sender: Any = None, **_: Any) -> None:
         # The replacement has left; the pool child now hangs until its hard time
         # limit kills it, before replace() could end the run as replaced.
-        if sender == tail_sent_slowly.name:
+        if sender == tail_sent_slowly.name or (
+            sender == f"{PREFIX}.retry_hard_limit" and app.current_worker_task is not None
+        ):
             time.sleep(HANG_S)
         # Past its soft time limit, which strikes as replace() ends.
         if sender == tail_sent_late.name:
@@ -282,6 +304,9 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_slow_mark", replace_marked_slowly, soft_time_limit=0.5)
     task("replace_then_raise", replace_then_raise)
     task("replace_internal_error", replace_before_internal_error)
+    task("retry_then_raise", retry_then_raise)
+    task("retry_internal_error", retry_before_internal_error)
+    task("retry_hard_limit", retry_then_cut, time_limit=1)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

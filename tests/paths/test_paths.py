@@ -120,6 +120,19 @@ PATHS = (
         "(where a soft time limit can strike)",
         2,
     ),
+    Path_("retry_then_raise", "`retry(countdown)`, then an error in the body (a `finally`)", 2),
+    Path_(
+        "retry_internal_error",
+        "`retry(countdown)`, then an error in Celery's code after the body",
+        2,
+    ),
+    Path_(
+        "retry_hard_limit",
+        "`retry(countdown)`, hard time limit once the next attempt was sent",
+        2,
+        prefork_only=True,
+        cut_after_s=1,
+    ),
     Path_(
         "replace_hard_limit",
         "`replace()` by a plain task, hard time limit once the replacement was sent",

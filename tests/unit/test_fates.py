@@ -6,9 +6,13 @@ the real worker paths are in ``tests/paths`` and ``tests/history``.
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import pytest
+from billiard.einfo import ExceptionInfo  # type: ignore[attr-defined]
 from celery import Celery
+from celery.exceptions import Ignore, Reject, Retry
 
 from celery_unique import cleanup
 from celery_unique.config import runtime
@@ -24,7 +28,8 @@ from celery_unique.stores.base import (
     Store,
     Verdict,
 )
-from celery_unique.worker.fates import Fate, Settled
+from celery_unique.worker import fates
+from celery_unique.worker.fates import Fate, Settled, _exception, _outside_body
 from tests.polling import eventually
 
 
@@ -115,3 +120,60 @@ def test_a_run_cut_short_leaves_the_hand_over_mark_to_the_replacement(app: Celer
     record = store.get(key)
     assert record is not None
     assert record.job_id == job
+
+
+def _reported(exc: BaseException, *, internal: bool) -> ExceptionInfo:
+    """How the pool reports a run's end to the main process."""
+    try:
+        raise exc
+    except BaseException:
+        return ExceptionInfo(internal=internal)
+
+
+def test_an_error_celery_raised_after_the_body_may_hide_a_hand_over() -> None:
+    """Celery reports its own error after the body (a soft time limit striking there)
+    as an internal error: the body may have raised ``Replaced`` or ``Retry`` before it.
+    Retry, Ignore and Reject are reported as internal too, and say how the body ended;
+    an error of the body itself is not internal."""
+    hidden = _reported(RuntimeError("after the body"), internal=True)
+    assert _outside_body(hidden, _exception(hidden))
+    for said in (Retry(), Ignore(), Reject("dropped")):
+        reported = _reported(said, internal=True)
+        assert not _outside_body(reported, _exception(reported))
+    own = _reported(ValueError("the body failed"), internal=False)
+    assert not _outside_body(own, _exception(own))
+
+
+def test_an_acknowledgement_never_confirmed_releases_the_key_after_a_while(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run ended; its acknowledgement failed as the broker connection broke, so
+    kombu never confirms it, and whether the broker got it is unknown. The key must
+    not wait for the lease: it is released once the wait for the confirmation is over."""
+    monkeypatch.setattr(fates, "ACK_WAIT_S", 0.3)
+    store, job, key, header = created(app, "unconfirmed")
+    fate = Fate(app, job, header, Message("RECEIVED"), run=started_run(store, job, key))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it failed
+    assert store.get(key) is not None  # not at once: the ack may be on its way
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+
+
+def test_a_release_after_an_unconfirmed_acknowledgement_leaves_a_copy_running(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker did not get the ack and delivered the message again: the copy runs
+    under the key when the wait ends. The release names the ended run: the key stays."""
+    monkeypatch.setattr(fates, "ACK_WAIT_S", 0.3)
+    store, job, key, header = created(app, "redelivered")
+    fate = Fate(app, job, header, Message("RECEIVED"), run=started_run(store, job, key))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    copy = started_run(store, job, key)
+    time.sleep(0.6)
+    assert cleanup.flush(5)
+    record = store.get(key)
+    assert record is not None
+    assert (record.job_id, record.run) == (job, copy)

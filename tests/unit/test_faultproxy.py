@@ -381,6 +381,29 @@ def test_reset_on_reply_resets_the_client_after_the_server_executed(
 
 
 @pytest.mark.redis
+def test_reset_on_reply_to_aims_at_one_command_and_can_refuse_retries(
+    proxy: FaultProxy, connect: Connect, prefix: str, direct: redis.Redis
+) -> None:
+    """reset_on_reply_to: other commands pass; the named one runs on the server, its
+    client reads ECONNRESET; with refuse=True, a new connection is refused after it."""
+    client, bystander = connect(), connect()
+    client.ping()
+    bystander.ping()
+    proxy.reset_on_reply_to("incrby", refuse=True)  # redis-py sends incr() as INCRBY
+    assert client.set(f"{prefix}n", 5)
+    with pytest.raises(redis.ConnectionError) as caught:
+        client.incr(f"{prefix}n")
+    assert isinstance(caught.value.__context__, ConnectionResetError)
+    assert direct.get(f"{prefix}n") == b"6"
+    assert proxy.resets == 1
+    assert bystander.incr(f"{prefix}n") == 7  # the fault is spent; open connections work
+    with pytest.raises(redis.ConnectionError):
+        client.get(f"{prefix}n")  # a new connection: refused
+    proxy.refuse(False)
+    assert client.get(f"{prefix}n") == b"7"
+
+
+@pytest.mark.redis
 def test_reset_all_breaks_open_connections_only(proxy: FaultProxy, connect: Connect) -> None:
     """reset_all: every open connection fails at its next use; a new connection works."""
     clients = [connect(), connect()]
