@@ -19,6 +19,7 @@ from celery_unique.stores.base import (
     HANDED_OVER_MARK,
     HANDING_OVER,
     PASSED_ON_MARK,
+    PASSED_ON_RUN,
     RUNNING,
     ActiveClaim,
     Claim,
@@ -372,7 +373,8 @@ def passing_on(
         outcome[:] = [None]
         if record is None or not record.alive(now) or record.kind is not KeyKind.ACTIVE:
             return UNCHANGED
-        if record.owed == PASSED_ON_MARK + job_id:
+        passed = PASSED_ON_MARK + job_id + PASSED_ON_RUN + (run or "")
+        if record.owed == passed:
             outcome[:] = [FollowUp(record.job_id, record.arguments or "", record.task)]
             return UNCHANGED
         owed = owed_run(record.owed)
@@ -387,7 +389,7 @@ def passing_on(
         return replace(
             record,
             job_id=owed,
-            owed=PASSED_ON_MARK + job_id,
+            owed=passed,
             run=None,
             handed_from=None,
             due=None,

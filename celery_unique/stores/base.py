@@ -175,6 +175,10 @@ HANDED_OVER_MARK = "^"
 #: The owed-run field of a key passed on by job ``j`` to its follow-up, until that
 #: starts: ``PASSED_ON_MARK + j`` (see :meth:`Store.pass_on`).
 PASSED_ON_MARK = "<"
+#: Between the job and the delivery (run id) that passed its key on:
+#: ``PASSED_ON_MARK + j + PASSED_ON_RUN + r``. Only that delivery is answered again
+#: (a lost answer); a copy of the job delivered again passes nothing on.
+PASSED_ON_RUN = "\x1e"
 
 
 class Release(NamedTuple):

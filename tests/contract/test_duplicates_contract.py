@@ -79,6 +79,9 @@ def test_duplicates_of_a_running_job_owe_exactly_one_run_with_the_last_arguments
     assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d2", "args-5", "tasks.reindex")
     # Asked again (its answer lost): the same run, not another.
     assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d2", "args-5", "tasks.reindex")
+    # Asked by another delivery of j1 (a copy the broker delivered again): nothing,
+    # or the owed run would be published twice.
+    assert store.pass_on("j1", A, "r1-copy", LONG) is None
     # The job's own release finds the key moved on.
     assert store.release_many([Release("j1", A, 0, "r1")]) == [False]
     held = store.get(A)

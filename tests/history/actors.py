@@ -215,6 +215,8 @@ def build(spec: Spec, *, role: str) -> Celery:
 
     #: This pool child's run of each job whose body began, until Celery reports its end.
     runs_here: dict[str, int] = {}
+    #: The run whose task_postrun came last (an internal error may follow it).
+    ended_here: dict[str, int] = {}
 
     #: When each run of this pool child went to the store before its body (task_prerun).
     asked: dict[str, int] = {}
@@ -362,6 +364,9 @@ def build(spec: Spec, *, role: str) -> Celery:
             if task is None:
                 return
             run = runs_here.pop(task_id, None)
+            ended_here.clear()
+            if run is not None:
+                ended_here[task_id] = run
             if run is None:
                 record("unrun", job=task_id, state=state, t=now())
             elif state == "FAILURE" and getattr(task.request, "chaos_outcome", None) not in _FAILED:
@@ -373,8 +378,10 @@ def build(spec: Spec, *, role: str) -> Celery:
 
         def internal_error(task_id: str = "", **_: Any) -> None:
             # The soft time limit struck in Celery's own code, after the body
-            # (raising Reject, say): the run failed, and no task_postrun follows.
-            run = runs_here.pop(task_id, None)
+            # (raising Reject, say): the run failed, whatever the body asked for
+            # (Celery acknowledges a failure: a requeue asked for is not made).
+            # task_postrun may have come first.
+            run = runs_here.pop(task_id, None) or ended_here.pop(task_id, None)
             if run is not None:
                 record("end", job=task_id, run=run, outcome="fail", t=now())
             else:

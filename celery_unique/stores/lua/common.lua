@@ -21,7 +21,8 @@
 --   follows   active keys: "l" | "d" when the job's dispatch chose latest | debounce,
 --             so that its duplicates change it; ""
 --   owed      active keys (latest/debounce): the job owed a run once this one ends;
---             "<" .. j once job j passed the key on to it, until it starts; ""
+--             "<" .. j .. "\30" .. r once the delivery r of job j passed the key on
+--             to it, until it starts; ""
 --   args      active keys (latest/debounce): the latest duplicate's arguments
 --             (encoded by the client, base64: never a 0x1F); ""
 --   due       active keys (debounce): the planned start, ms since the epoch; ""

@@ -6,16 +6,18 @@
 -- Returns: "" when no run is owed (or the key is not the job's, or another delivery
 --   of it runs); else the owed job's id, 0x1F, the task that wrote the key ("" when
 --   the key names it), 0x1F, the latest duplicate's arguments.
---   Asked again once the key moved, it names the same job.
+--   Asked again by the same delivery once the key moved, it names the same job;
+--   another delivery of the job (a copy delivered again) gets "".
 
 local key, job, run, lease = KEYS[1], ARGV[1], ARGV[2], ARGV[3]
 local r = decode(redis.call("GET", key))
 if not r or r.kind == "w" then return "" end
-if r.owed == "<" .. job then return r.job .. US .. r.task .. US .. r.args end
+local passed = "<" .. job .. "\30" .. run
+if r.owed == passed then return r.job .. US .. r.task .. US .. r.args end
 local owed = owed_run(r.owed)
 if r.job ~= job or r.finished == "1" or owed == "" or not run_may_end(r, run) then
   return ""
 end
-r.job, r.owed, r.run, r.from, r.due, r.since = owed, "<" .. job, "", "", "", now_ms()
+r.job, r.owed, r.run, r.from, r.due, r.since = owed, passed, "", "", "", now_ms()
 put(key, encode(r), lease)
 return owed .. US .. r.task .. US .. r.args
