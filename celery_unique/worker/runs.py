@@ -144,10 +144,11 @@ def _start_waiting(
             failed = exc
         except SoftTimeLimitExceeded as exc:
             # The limit struck while this run waited for the store, before its
-            # body: the job did not overrun, the store did. Defer it.
-            if failed is None:
-                raise
-            raise StoreSilent(str(failed)) from exc
+            # body: the job did not overrun, the store did. Defer it, even if no
+            # answer failed yet: the store may have taken the mark, and handed
+            # this run the one owed to the job's duplicates, which must not be
+            # lost with a run that never was.
+            raise StoreSilent(str(failed or "no answer before the soft time limit")) from exc
         gap = next(gaps, _RETRY_GAPS_S[-1])
         if time.monotonic() + gap > deadline:
             raise StoreSilent(str(failed)) from failed

@@ -275,6 +275,25 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
 
     logging.getLogger("celery.app.trace").addFilter(FailAfterBody())
 
+    def slow_first_mark(sender: Any = None, task_id: str = "", **_: Any) -> None:
+        # The store answers the first delivery's mark past its soft time limit.
+        if sender is None or sender.name != f"{PREFIX}.slow_mark":
+            return
+        if int(marks_client(marks_url).incr(f"{ns}:marked:{task_id}")) > 1:
+            return
+        store = runtime(app).store
+        begin_run = store.begin_run
+
+        def late(*args: Any, **kwargs: Any) -> Any:
+            store.begin_run = begin_run
+            answer = begin_run(*args, **kwargs)
+            time.sleep(1.0)  # past the soft time limit
+            return answer
+
+        store.begin_run = late
+
+    signals.task_prerun.connect(slow_first_mark, weak=False)
+
     def hang_once_sent(sender: Any = None, **_: Any) -> None:
         # The replacement has left; the pool child now hangs until its hard time
         # limit kills it, before replace() could end the run as replaced.
@@ -312,6 +331,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("expires_eta", work)
     task("expires_queued", work)
     task("soft_limit", hang_first, soft_time_limit=0.5)
+    task("slow_mark", work, soft_time_limit=0.5)
     task("hard_limit", hang_first, time_limit=1)
     task("hard_limit_late_ack", hang_first, time_limit=1, acks_late=True)
     task(

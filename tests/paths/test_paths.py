@@ -159,6 +159,12 @@ PATHS = (
     ),
     Path_("expires_queued", "expires in a queue no worker reads yet", 0, "expire", {"expires": 1}),
     Path_("soft_limit", "soft time limit", 1, prefork_only=True),
+    Path_(
+        "slow_mark",
+        "soft time limit while the store marks the run, before the body (sent again)",
+        1,
+        prefork_only=True,
+    ),
     Path_("hard_limit", "hard time limit", 1, prefork_only=True, cut_after_s=1),
     Path_(
         "hard_limit_late_ack", "hard time limit, `acks_late`", 1, prefork_only=True, cut_after_s=1
