@@ -169,6 +169,7 @@ def test_a_release_after_an_unconfirmed_acknowledgement_leaves_a_copy_running(
     store, job, key, header = created(app, "redelivered")
     fate = Fate(app, job, header, Message("RECEIVED"), run=started_run(store, job, key))
     fate.started()
+    assert cleanup.flush(5)  # the start's mark, sent in the background, lands first
     fate.run_ended(pid=None, cut_short=False, continued=False)
     fate.message_settled(Settled.FORGOTTEN)
     copy = started_run(store, job, key)
