@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from celery import Task, chord, group
@@ -56,6 +57,47 @@ def _retried_then(job_id: str | None, exc: Exception) -> Retry:
 #: Set on a job's request once ``replace()`` or ``retry()`` sent the job on: how
 #: the run ends if the body raises after that.
 _SENT_ON = "celery_unique_sent_on"
+
+
+@contextmanager
+def _carrying_on(
+    task: Any, eager: bool, then: Callable[[str | None, Exception], Exception]
+) -> Iterator[None]:
+    """Around the send of the message that carries ``task``'s job on under its id
+    (``replace()``, ``retry()``), in the pool child running it.
+
+    Before the send, the key is marked as handed over to that message, so that
+    whatever ends the run after it left (a hard time limit while the send waits
+    on the broker) leaves the key to it. The soft time limit is held back over
+    the send (struck in between, it would fail a job another message carries
+    on); if it strikes while the store marks the hand-over, the run fails and its
+    end takes the mark back (see :mod:`celery_unique.worker.fates`). An error
+    raised once the message left ends the run as ``then`` says (replaced,
+    retried), and so does any error the body raises afterwards (see
+    ``__call__``); one raised before the send takes the mark back.
+    """
+    request = task.request
+    # The gate counts what leaves; a pool child that never dispatched a unique
+    # job has not installed it yet.
+    install_gate(task.app)
+    undo = None if eager else runs.hand_over(task)
+    with resend.counting_sends() as sent:
+        try:
+            with nullcontext() if eager else soft_limit_held_back():
+                yield
+        except (Replaced, Retry):
+            if not eager:
+                setattr(request, _SENT_ON, then)
+            raise
+        except Exception as exc:
+            if not sent or eager:
+                if undo is not None:
+                    undo()
+                raise
+            setattr(request, _SENT_ON, then)
+            raise then(request.id, exc) from exc
+    if sent and not eager:
+        setattr(request, _SENT_ON, then)
 
 
 class UniqueMixin(_MixinBase):
@@ -181,34 +223,12 @@ class UniqueMixin(_MixinBase):
                 headers = dict(carrier.options.get("headers") or {})
                 headers[HEADER] = {**header, "j": job_id}
                 carrier.options["headers"] = headers
-        eager = self.request.is_eager
-        # The gate counts what leaves; a pool child that never dispatched a
-        # unique job has not installed it yet.
-        install_gate(self.app)
-        # A soft time limit may strike while the store marks the hand-over (held
-        # back there, a slow store would let the hard limit kill the run between
-        # the mark and the send): the run then fails, and its end takes the mark
-        # back (see celery_unique.worker.fates).
-        undo = None if eager else runs.hand_over(self)
-        with resend.counting_sends() as sent:
+        with _carrying_on(self, self.request.is_eager, _replaced_then):
             try:
-                with nullcontext() if eager else soft_limit_held_back():
-                    return super().on_replace(sig)
+                return super().on_replace(sig)
             except Ignore as ended:
-                if not eager:
-                    setattr(self.request, _SENT_ON, _replaced_then)
                 # The worker's main process learns from this that the job goes on.
                 raise Replaced(*ended.args) from None
-            except Exception as exc:
-                if not sent or eager:
-                    if undo is not None:
-                        undo()
-                    raise
-                # A time limit (say) struck once the replacement had left: it
-                # carries the job on whatever follows here. Failing the job now
-                # would free its keys beside a replacement that will run.
-                setattr(self.request, _SENT_ON, _replaced_then)
-                raise _replaced_then(job_id, exc) from exc
 
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         """Celery's ``retry()``, the job's keys handed to the attempt it sends.
@@ -218,27 +238,8 @@ class UniqueMixin(_MixinBase):
         ``retry()``, a time limit), the keys stay with that attempt.
         """
         request = self.request
-        eager = request.is_eager or request.called_directly
-        install_gate(self.app)
-        undo = None if eager else runs.hand_over(self)
-        with resend.counting_sends() as sent:
-            try:
-                with nullcontext() if eager else soft_limit_held_back():
-                    went_on = super().retry(*args, **kwargs)
-            except Retry:
-                if sent and not eager:
-                    setattr(request, _SENT_ON, _retried_then)
-                raise
-            except Exception as exc:
-                if not sent or eager:
-                    if undo is not None:
-                        undo()
-                    raise
-                setattr(request, _SENT_ON, _retried_then)
-                raise _retried_then(request.id, exc) from exc
-        if sent and not eager:
-            setattr(request, _SENT_ON, _retried_then)
-        return went_on
+        with _carrying_on(self, request.is_eager or request.called_directly, _retried_then):
+            return super().retry(*args, **kwargs)
 
     def unique_explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """What ``self.delay(*args, **kwargs)`` would do now, and why; writes nothing."""
