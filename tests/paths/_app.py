@@ -161,10 +161,15 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
             raise self.retry(countdown=WORK_S, max_retries=1)
         raise ValueError("failed for good after a retry")
 
-    def retry_once(self: Any, run: int) -> None:
-        if self.request.retries < 1:
-            raise self.retry(countdown=WORK_S)
-        time.sleep(WORK_S)
+    def retrying_once(countdown: float) -> Callable[[Any, int], None]:
+        """A body that retries once, due ``countdown`` later, then succeeds."""
+
+        def retry_once(self: Any, run: int) -> None:
+            if self.request.retries < 1:
+                raise self.retry(countdown=countdown)
+            time.sleep(WORK_S)
+
+        return retry_once
 
     def autoretry_once(self: Any, run: int) -> None:
         if self.request.retries < 1:
@@ -247,17 +252,6 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         finally:
             raise RuntimeError("the body went on after retry(), and failed")
 
-    def retry_before_internal_error(self: Any, run: int) -> Any:
-        if self.request.retries >= 1:
-            return time.sleep(WORK_S)
-        raise self.retry(countdown=1)
-
-    def retry_then_cut(self: Any, run: int) -> Any:
-        if self.request.retries >= 1:
-            return time.sleep(WORK_S)
-        # Due after the hard time limit, which strikes as the attempt leaves.
-        raise self.retry(countdown=SLOW_S)
-
     class FailAfterBody(logging.Filter):
         """Raises in Celery's own code after the body (where it logs how the run
         ended), as a soft time limit striking there does."""
@@ -310,7 +304,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("success", work)
     task("failure", fail)
     task("fail_after_retry", fail_after_retry)
-    task("retry", retry_once)
+    task("retry", retrying_once(WORK_S))
     task("autoretry", autoretry_once, autoretry_for=(KeyError,), retry_kwargs={"countdown": WORK_S})
     task("reject_requeue", reject_requeue_once, acks_late=True)
     task("reject_drop", reject_drop, acks_late=True)
@@ -324,8 +318,10 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("replace_then_raise", replace_then_raise)
     task("replace_internal_error", replace_before_internal_error)
     task("retry_then_raise", retry_then_raise)
-    task("retry_internal_error", retry_before_internal_error)
-    task("retry_hard_limit", retry_then_cut, time_limit=1)
+    # Due a second later: the ended run's writes reach the store before the attempt.
+    task("retry_internal_error", retrying_once(1))
+    # Due after the hard time limit, which strikes as the attempt leaves.
+    task("retry_hard_limit", retrying_once(SLOW_S), time_limit=1)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)
