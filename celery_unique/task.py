@@ -24,7 +24,7 @@ from celery_unique.publishing import install_gate
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
-from celery_unique.worker.limits import soft_limit_held_back
+from celery_unique.worker.limits import HeldBack, soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
 if TYPE_CHECKING:
@@ -70,11 +70,13 @@ def _carrying_on(
     whatever ends the run after it left (a hard time limit while the send waits
     on the broker) leaves the key to it. The soft time limit is held back over
     the send (struck in between, it would fail a job another message carries
-    on); if it strikes while the store marks the hand-over, the run fails and its
-    end takes the mark back (see :mod:`celery_unique.worker.fates`). An error
-    raised once the message left ends the run as ``then`` says (replaced,
-    retried), and so does any error the body raises afterwards (see
-    ``__call__``); one raised before the send takes the mark back.
+    on), and to the end of the run once the message left (see
+    :mod:`celery_unique.worker.limits`); if it strikes while the store marks the
+    hand-over, the run fails and its end takes the mark back (see
+    :mod:`celery_unique.worker.fates`). An error raised once the message left
+    ends the run as ``then`` says (replaced, retried), and so does any error the
+    body raises afterwards (see ``__call__``); one raised before the send takes
+    the mark back.
     """
     request = task.request
     # The gate counts what leaves; a pool child that never dispatched a unique
@@ -83,8 +85,11 @@ def _carrying_on(
     undo = None if eager else runs.hand_over(task)
     with resend.counting_sends() as sent:
         try:
-            with nullcontext() if eager else soft_limit_held_back():
-                yield
+            with nullcontext(HeldBack()) if eager else soft_limit_held_back() as held:
+                try:
+                    yield
+                finally:
+                    held.to_the_end = bool(sent)
         except (Replaced, Retry):
             if not eager:
                 setattr(request, _SENT_ON, then)

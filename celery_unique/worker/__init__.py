@@ -30,7 +30,7 @@ from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.checks.masking import redacted
 from celery_unique.config import configured_backend_url, runtime
-from celery_unique.worker import control, dropped, leases, runs
+from celery_unique.worker import control, dropped, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 
 logger = logging.getLogger("celery_unique")
@@ -85,6 +85,7 @@ def install(app: Celery) -> None:
     control.unique_plugin  # noqa: B018 - imported for its registration
     dropped.connect()
     leases.connect()
+    limits.connect()
     runs.connect()
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"

@@ -1,11 +1,19 @@
-"""Holding a soft time limit back while the job hands itself over.
+"""Holding a soft time limit back while the job hands itself over, and after.
 
 In a prefork pool child, Celery's soft time limit is a signal whose handler
 raises in whatever the child runs at that instant. Struck in the middle of a
 hand-over (the replacement of a job sent, the job not yet ended as replaced),
 it would fail a job that another message already carries on, and free its
-keys beside it. The signal is held back over the hand-over and delivered
-right after it, where the job's end can tell what was sent.
+keys beside it. The signal is held back over the hand-over.
+
+Once the message that carries the job on has left, the limit can no longer
+do the run any good, and it can still strike after the body, where nothing of
+the job can catch it: the pool sends it until the worker's main process has
+read the run's outcome, and a child that is slow to report it (a loaded
+machine) then reports a failure instead of the retry or replacement. So a run
+that sent its job on keeps the limit held back to its end; the next run in
+the child drops a limit that came meanwhile and arms it again. The run's hard
+time limit still ends it.
 """
 
 from __future__ import annotations
@@ -14,21 +22,75 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
+
+from billiard.pool import soft_timeout_sighandler
 
 # billiard's soft time limit signal (``billiard.pool.SIG_SOFT_TIMEOUT``).
-_SOFT_LIMIT = getattr(signal, "SIGUSR1", None)
+_SOFT_LIMIT: signal.Signals | None = getattr(signal, "SIGUSR1", None)
+
+#: Whether this process's soft limit is held back until its next run starts.
+_held_to_the_end = False
+
+
+def _signalled() -> signal.Signals | None:
+    """The signal a soft time limit strikes with here: in the main thread of a prefork
+    pool child, where billiard handles it; elsewhere none. (The threads pool has
+    no soft limit, gevent's is a timeout; in a solo worker the signal is Celery's
+    call for a traceback dump, which must not wait.)"""
+    if (
+        _SOFT_LIMIT is not None
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(_SOFT_LIMIT) is soft_timeout_sighandler
+    ):
+        return _SOFT_LIMIT
+    return None
+
+
+class HeldBack:
+    """What :func:`soft_limit_held_back` gives its block."""
+
+    __slots__ = ("to_the_end",)
+
+    def __init__(self) -> None:
+        #: Keep the limit held back after the block, for the rest of the run.
+        self.to_the_end = False
 
 
 @contextmanager
-def soft_limit_held_back() -> Iterator[None]:
-    """While the block runs, a soft time limit waits; it strikes as the block ends."""
-    if _SOFT_LIMIT is None or threading.current_thread() is not threading.main_thread():
-        # Signal handlers run on the main thread only: elsewhere no soft limit
-        # is a signal (the threads pool has none; gevent's is a timeout).
-        yield
+def soft_limit_held_back() -> Iterator[HeldBack]:
+    """While the block runs, a soft time limit waits; it strikes as the block ends,
+    unless the block set ``to_the_end``: then it never strikes in this run."""
+    global _held_to_the_end
+    held = HeldBack()
+    limit = _signalled()
+    if limit is None:
+        yield held
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {_SOFT_LIMIT})
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {limit})
     try:
-        yield
+        yield held
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        if held.to_the_end:
+            _held_to_the_end = True
+        else:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _rearm(**_: Any) -> None:
+    """A run begins (``task_prerun``): drop a soft limit that struck after the end of the
+    last one, held back, and let this run's strike."""
+    global _held_to_the_end
+    limit = _signalled()
+    if not _held_to_the_end or limit is None:
+        return
+    _held_to_the_end = False
+    while limit in signal.sigpending():
+        signal.sigtimedwait({limit}, 0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {limit})
+
+
+def connect() -> None:
+    from celery import signals
+
+    signals.task_prerun.connect(_rearm, weak=False, dispatch_uid="celery_unique.limits.rearm")

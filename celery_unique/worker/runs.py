@@ -58,6 +58,7 @@ from celery_unique.stores.base import (
     Scope,
     Store,
 )
+from celery_unique.worker.limits import soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
 
@@ -177,8 +178,11 @@ def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]
 
 def _send_again(task: Any, countdown: float) -> None:
     # The same job going on (the re-send keeps its id, keys and retry count),
-    # published without asking the store, as a retry is.
-    task.signature_from_request(task.request, countdown=countdown).apply_async()
+    # published without asking the store, as a retry is; a soft time limit
+    # struck once it left would end this delivery as a failure.
+    with soft_limit_held_back() as held:
+        task.signature_from_request(task.request, countdown=countdown).apply_async()
+        held.to_the_end = True
 
 
 def defer(task: Any, silent: StoreSilent) -> Deferred:

@@ -35,6 +35,10 @@ HANG_S = 20.0
 WORK_S = 0.3
 #: How long a slow body takes: long enough for a copy of another job to come meanwhile.
 SLOW_S = 2.0
+#: Tasks whose pool child, after Celery's trace of a run that went on (retried,
+#: replaced), is slow to report it to the worker: past the run's soft time limit.
+REPORTED_LATE = ("paths.retry_reported_late", "paths.replace_reported_late")
+REPORT_LATE_S = 1.0
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
@@ -68,6 +72,37 @@ def answering_late(store: Any, keep_ms: int, late_s: float) -> Iterator[None]:
         yield
     finally:
         del store.release_many
+
+
+_traces: dict[str, Callable[..., Any]] = {}
+
+
+def _reported_late(name: str, outcome: Any) -> Any:
+    # The trace is over; billiard's worker loop has yet to send its outcome to
+    # the worker, whose timer may send the soft time limit meanwhile (a loaded
+    # machine, a large result to pickle).
+    if name in REPORTED_LATE and outcome[0]:
+        time.sleep(REPORT_LATE_S)
+    return outcome
+
+
+def fast_trace_reported_late(name: str, *args: Any, **kwargs: Any) -> Any:
+    return _reported_late(name, _traces["fast"](name, *args, **kwargs))
+
+
+def trace_reported_late(name: str, *args: Any, **kwargs: Any) -> Any:
+    return _reported_late(name, _traces["ret"](name, *args, **kwargs))
+
+
+def report_late() -> None:
+    """Have the worker's pool run the traces above (module functions: a pool job
+    names its function, pickled by reference)."""
+    from celery.worker import request
+
+    if not _traces:
+        _traces.update(fast=request.fast_trace_task, ret=request.trace_task_ret)
+        request.fast_trace_task = fast_trace_reported_late
+        request.trace_task_ret = trace_reported_late
 
 
 def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
@@ -300,6 +335,8 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
             time.sleep(1.0)
 
     signals.after_task_publish.connect(hang_once_sent, weak=False)
+    if not producer:
+        report_late()
 
     task("success", work)
     task("failure", fail)
@@ -322,6 +359,13 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("retry_internal_error", retrying_once(1))
     # Due after the hard time limit, which strikes as the attempt leaves.
     task("retry_hard_limit", retrying_once(SLOW_S), time_limit=1)
+    task("retry_reported_late", retrying_once(1), soft_time_limit=0.5)
+    tail_reported_late = task("tail_reported_late", work, base=Task)
+
+    def replace_reported_late(self: Any, run: int) -> Any:
+        return self.replace(tail_reported_late.s(self.request.kwargs["key"]).set(countdown=1))
+
+    task("replace_reported_late", replace_reported_late, soft_time_limit=0.5)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

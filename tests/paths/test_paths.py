@@ -134,6 +134,20 @@ PATHS = (
         cut_after_s=1,
     ),
     Path_(
+        "retry_reported_late",
+        "`retry(countdown)`, soft time limit after Celery's code, before the pool child "
+        "reported the run",
+        2,
+        prefork_only=True,
+    ),
+    Path_(
+        "replace_reported_late",
+        "`replace()` by a plain task, soft time limit after Celery's code, before the pool "
+        "child reported the run",
+        2,
+        prefork_only=True,
+    ),
+    Path_(
         "replace_hard_limit",
         "`replace()` by a plain task, hard time limit once the replacement was sent",
         2,
