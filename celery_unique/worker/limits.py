@@ -14,6 +14,11 @@ machine) then reports a failure instead of the retry or replacement. So a run
 that sent its job on keeps the limit held back to its end; the next run in
 the child drops a limit that came meanwhile and arms it again. The run's hard
 time limit still ends it.
+
+Held back means handled by a handler that only notes the strike, not
+blocked: the pool sends the signal to the process, and a thread of the child
+that does not block it (a library's background thread) would take it, the
+interpreter then running the raising handler in the main thread all the same.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from billiard.pool import soft_timeout_sighandler
@@ -29,11 +35,18 @@ from billiard.pool import soft_timeout_sighandler
 # billiard's soft time limit signal (``billiard.pool.SIG_SOFT_TIMEOUT``).
 _SOFT_LIMIT: signal.Signals | None = getattr(signal, "SIGUSR1", None)
 
-#: Whether this process's soft limit is held back until its next run starts.
+#: Whether the limit is held back until this process's next run starts.
 _held_to_the_end = False
+#: Whether the limit struck while held back.
+_struck = False
 
 
-def _signalled() -> signal.Signals | None:
+def _note(signum: int, frame: FrameType | None) -> None:
+    global _struck
+    _struck = True
+
+
+def _in_pool_child() -> signal.Signals | None:
     """The signal a soft time limit strikes with here: in the main thread of a prefork
     pool child, where billiard handles it; elsewhere none. (The threads pool has
     no soft limit, gevent's is a timeout; in a solo worker the signal is Celery's
@@ -41,7 +54,7 @@ def _signalled() -> signal.Signals | None:
     if (
         _SOFT_LIMIT is not None
         and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(_SOFT_LIMIT) is soft_timeout_sighandler
+        and signal.getsignal(_SOFT_LIMIT) in (soft_timeout_sighandler, _note)
     ):
         return _SOFT_LIMIT
     return None
@@ -61,33 +74,39 @@ class HeldBack:
 def soft_limit_held_back() -> Iterator[HeldBack]:
     """While the block runs, a soft time limit waits; it strikes as the block ends,
     unless the block set ``to_the_end``: then it never strikes in this run."""
-    global _held_to_the_end
+    global _held_to_the_end, _struck
     held = HeldBack()
-    limit = _signalled()
-    if limit is None:
-        yield held
+    limit = _in_pool_child()
+    if limit is None or signal.getsignal(limit) is _note:
+        # Not a pool child, or held back already (by an outer block, or to the end).
+        try:
+            yield held
+        finally:
+            if limit is not None and held.to_the_end:
+                _held_to_the_end = True
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {limit})
+    signal.signal(limit, _note)
     try:
         yield held
     finally:
-        if held.to_the_end:
+        if held.to_the_end or _held_to_the_end:
             _held_to_the_end = True
         else:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            signal.signal(limit, soft_timeout_sighandler)
+            if _struck:
+                _struck = False
+                soft_timeout_sighandler(limit, None)
 
 
 def _rearm(**_: Any) -> None:
     """A run begins (``task_prerun``): drop a soft limit that struck after the end of the
     last one, held back, and let this run's strike."""
-    global _held_to_the_end
-    limit = _signalled()
+    global _held_to_the_end, _struck
+    limit = _in_pool_child()
     if not _held_to_the_end or limit is None:
         return
-    _held_to_the_end = False
-    while limit in signal.sigpending():
-        signal.sigtimedwait({limit}, 0)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {limit})
+    _held_to_the_end = _struck = False
+    signal.signal(limit, soft_timeout_sighandler)
 
 
 def connect() -> None:
