@@ -24,7 +24,7 @@ from celery_unique.publishing import install_gate
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
-from celery_unique.worker.limits import HeldBack, soft_limit_held_back
+from celery_unique.worker.limits import HeldBack, hold_to_the_end, soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
 if TYPE_CHECKING:
@@ -143,6 +143,16 @@ class UniqueMixin(_MixinBase):
     _marks_runs: ClassVar[bool] = True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request_stack.top
+        in_worker = request is not None and not request.called_directly
+        try:
+            return self._run_marked(request, in_worker, args, kwargs)
+        finally:
+            if in_worker:
+                # How the run ended is decided: a soft time limit must not change it.
+                hold_to_the_end()
+
+    def _run_marked(self, request: Any, in_worker: bool, args: Any, kwargs: Any) -> Any:
         try:
             begun = runs.begin(self)
         except runs.StoreSilent as silent:
@@ -154,9 +164,8 @@ class UniqueMixin(_MixinBase):
         if begun.arguments is not None:
             latest, kwargs = runs.latest_arguments(self, begun.arguments)
             args = tuple(latest)
-        request = self.request_stack.top
         try:
-            if request is not None and not request.called_directly:
+            if in_worker:
                 # The worker's tracer has already pushed this job's request. Before
                 # Celery 5.7, Task.__call__ would push an empty one over it, and the
                 # body would see no task id; the tracer calls ``run`` itself for a

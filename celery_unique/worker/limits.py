@@ -6,14 +6,15 @@ hand-over (the replacement of a job sent, the job not yet ended as replaced),
 it would fail a job that another message already carries on, and free its
 keys beside it. The signal is held back over the hand-over.
 
-Once the message that carries the job on has left, the limit can no longer
-do the run any good, and it can still strike after the body, where nothing of
-the job can catch it: the pool sends it until the worker's main process has
-read the run's outcome, and a child that is slow to report it (a loaded
-machine) then reports a failure instead of the retry or replacement. So a run
-that sent its job on keeps the limit held back to its end; the next run in
-the child drops a limit that came meanwhile and arms it again. The run's hard
-time limit still ends it.
+Once the message that carries the job on has left, or once the body has
+ended, the limit can no longer do the run any good, and it can still strike
+after the body, where nothing of the job can catch it: in Celery's code that
+reports how the run ended, or later, as the pool sends it until the worker's
+main process has read the run's outcome, and a child that is slow to report it
+(a loaded machine) then reports a failure instead of the retry, replacement or
+requeue the body asked for. So from there to the end of the run the limit is
+held back; the next run in the child drops a limit that came meanwhile and
+arms it again. The run's hard time limit still ends it.
 
 Held back means handled by a handler that only notes the strike, not
 blocked: the pool sends the signal to the process, and a thread of the child
@@ -96,6 +97,18 @@ def soft_limit_held_back() -> Iterator[HeldBack]:
             if _struck:
                 _struck = False
                 soft_timeout_sighandler(limit, None)
+
+
+def hold_to_the_end() -> None:
+    """The body of this run has ended: from here, a soft time limit only notes its
+    strike (struck in Celery's code after the body, or before the pool reported
+    the run, it would report a failure in place of how the body ended)."""
+    global _held_to_the_end
+    limit = _in_pool_child()
+    if limit is None:
+        return
+    signal.signal(limit, _note)
+    _held_to_the_end = True
 
 
 def _rearm(**_: Any) -> None:

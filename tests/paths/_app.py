@@ -37,7 +37,11 @@ WORK_S = 0.3
 SLOW_S = 2.0
 #: Tasks whose pool child, after Celery's trace of a run that went on (retried,
 #: replaced), is slow to report it to the worker: past the run's soft time limit.
-REPORTED_LATE = ("paths.retry_reported_late", "paths.replace_reported_late")
+REPORTED_LATE = (
+    "paths.retry_reported_late",
+    "paths.replace_reported_late",
+    "paths.reject_requeue_reported_late",
+)
 REPORT_LATE_S = 1.0
 
 _clients: dict[tuple[int, str], Any] = {}
@@ -366,6 +370,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         return self.replace(tail_reported_late.s(self.request.kwargs["key"]).set(countdown=1))
 
     task("replace_reported_late", replace_reported_late, soft_time_limit=0.5)
+    task("reject_requeue_reported_late", reject_requeue_once, acks_late=True, soft_time_limit=0.5)
     task("revoke_waiting", work)
     task("revoke_running", hang_first)
     task("expires_eta", work)

@@ -99,7 +99,9 @@ def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[[str
         )
         app = _app.build(spec, producer=True)
         store = RedisStore.from_url(spec["store_url"])
-        marks = redis.Redis.from_url(spec["marks_url"])
+        # Every cell samples in a thread of its own: more cells than redis-py's
+        # default of 100 connections.
+        marks = redis.Redis.from_url(spec["marks_url"], max_connections=1024)
         started.append((worker, app, store, marks))
         worker.wait_ready()
         return Pass(broker, pool, spec, app, store, marks, worker)

@@ -148,6 +148,13 @@ PATHS = (
         prefork_only=True,
     ),
     Path_(
+        "reject_requeue_reported_late",
+        "`Reject(requeue=True)`, then succeeds (`acks_late`); soft time limit after Celery's "
+        "code, before the pool child reported the run",
+        2,
+        prefork_only=True,
+    ),
+    Path_(
         "replace_hard_limit",
         "`replace()` by a plain task, hard time limit once the replacement was sent",
         2,

@@ -93,3 +93,14 @@ def test_elsewhere_the_signal_is_left_alone(soft_limit: None) -> None:
         held.to_the_end = True
     assert not limits._held_to_the_end
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+
+
+def test_once_the_body_ended_a_limit_only_notes_its_strike(soft_limit: None) -> None:
+    """Struck in Celery's code after the body, it would report a failure in place of
+    how the body ended (a requeue asked for, a retry)."""
+    limits.hold_to_the_end()
+    _send_limit()
+    assert limits._struck
+    limits._rearm()
+    with pytest.raises(SoftTimeLimitExceeded):
+        _send_limit()
