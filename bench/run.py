@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import harness
+from celery import Task
 from harness import BROKER_DB, FULL_STORE_DB, QUEUE, TENANT, Bench, fresh
 
 import celery_unique
@@ -220,6 +221,19 @@ def measure_batch(bench: Bench, profile: Profile) -> dict[str, Any]:
     def singles() -> Any:
         return repeat(lambda: task.apply_async((TENANT, fresh())), size)
 
+    plain = bench.tasks.plain
+
+    def plain_singles() -> Any:
+        return repeat(lambda: plain.apply_async((TENANT, fresh())), size)
+
+    def plain_batch() -> Any:
+        # The ceiling: Celery's own apply_async for every item, inside the kombu
+        # publish batch dispatch_many uses, and nothing else.
+        with bench.app.producer_or_acquire() as producer, producer.batch(2**31 - 1):
+            return repeat(
+                lambda: Task.apply_async(plain, (TENANT, fresh()), producer=producer), size
+            )
+
     try:
         prepare(bench)
         batch()
@@ -228,13 +242,17 @@ def measure_batch(bench: Bench, profile: Profile) -> dict[str, Any]:
             results = batch()
         if not all(created(result) for result in results):
             return {"available": True, "error": "dispatch_many did not create every job"}
-        single_s, batch_s, ratios = [], [], []
+        single_s, batch_s, ratios, plain_ratios = [], [], [], []
         for _ in range(profile.batch_rounds):
             prepare(bench)
             single_s.append(harness.timed(singles))
             prepare(bench)
             batch_s.append(harness.timed(batch))
             ratios.append(single_s[-1] / batch_s[-1])
+            prepare(bench)
+            plain_single_s = harness.timed(plain_singles)
+            prepare(bench)
+            plain_ratios.append(plain_single_s / harness.timed(plain_batch))
     except Exception as exc:  # report, do not hide the other rows
         return {"available": True, "error": f"{type(exc).__name__}: {exc}"}
     return {
@@ -243,6 +261,7 @@ def measure_batch(bench: Bench, profile: Profile) -> dict[str, Any]:
         "single_per_s": size / harness.median(single_s),
         "batch_per_s": size / harness.median(batch_s),
         "ratio": harness.median(ratios),
+        "plain_ratio": harness.median(plain_ratios),
         "store_round_trips": trips.counts[bench.store_db],
         "broker_round_trips": trips.counts[BROKER_DB],
     }
@@ -496,7 +515,8 @@ def print_report(report: dict[str, Any]) -> None:
             f"dispatch_many of {batch['items']:,}: {batch['batch_per_s']:,.0f} items/s vs "
             f"{batch['single_per_s']:,.0f}/s as single dispatches ({batch['ratio']:.2f}x); "
             f"{batch['store_round_trips']} store / {batch['broker_round_trips']} broker "
-            "round trips per batch"
+            "round trips per batch; plain apply_async in the same kombu batch: "
+            f"{batch['plain_ratio']:.2f}x plain single dispatches"
         )
     lat = report["latency"]
     print(

@@ -109,6 +109,23 @@ def report_late() -> None:
         request.trace_task_ret = trace_reported_late
 
 
+def record_accepts(marks_url: str, namespace: str) -> None:
+    """Note in the marks database when the worker's main process hears that the pool took
+    a job: a child killed before that has billiard give the job to another child."""
+    from celery.worker.request import Request
+
+    if getattr(Request.on_accepted, "_records", False):
+        return
+    accepted = Request.on_accepted
+
+    def on_accepted(self: Any, pid: Any, time_accepted: float) -> None:
+        accepted(self, pid, time_accepted)
+        marks_client(marks_url).set(f"{namespace}:accepted:{self.id}", str(pid))
+
+    on_accepted._records = True  # type: ignore[attr-defined]
+    Request.on_accepted = on_accepted  # type: ignore[method-assign]
+
+
 def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     """The app of one pass of the matrix (``producer``: with the task no worker knows)."""
     from celery_unique import UniqueTask
@@ -341,6 +358,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     signals.after_task_publish.connect(hang_once_sent, weak=False)
     if not producer:
         report_late()
+        record_accepts(marks_url, ns)
 
     task("success", work)
     task("failure", fail)

@@ -405,9 +405,11 @@ def drive(run: Pass, path: Path_, seen: Observed) -> None:
     elapsed = (time.monotonic_ns() - seen.dispatched) / 1e9
     if path.drive in ("kill", "terminate"):
         first = [record for record in seen.starts if record["run"] == 1]
-        # Not at once: a child killed before the worker heard it accept the job
-        # has the job run again elsewhere (billiard's rule), another path.
         if not first or time.monotonic_ns() - first[0]["start"] < CUT_AFTER_S * 1e9:
+            return
+        # Not before the worker heard the pool accept the job: a child killed
+        # before that has the job run again elsewhere (billiard's rule), another path.
+        if run.marks.get(f"{run.spec['namespace']}:accepted:{seen.job_id}") is None:
             return
         seen.cut_at = time.monotonic_ns()
         if path.drive == "kill":
