@@ -202,6 +202,11 @@ def build(spec: Spec, *, role: str) -> Celery:
             "unacked_restore_interval": 1,
             "unacked_restore_throttle": 1,
             "unacked_mutex_expire": 3,
+            # RabbitMQ: a publish counts once the broker confirmed it. Without
+            # confirms, a message written as the broker stops is lost unseen, and
+            # its key held for a job that never runs (the library's docs ask
+            # for confirms).
+            "confirm_publish": True,
         },
         result_expires=spec.retention_s,
         unique_backend=spec.store_url

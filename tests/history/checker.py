@@ -193,11 +193,13 @@ class Job:
     def final_end(self) -> int | None:
         """When the job could no longer run; ``None`` if it never got there."""
         ends: list[int] = []
+        # A run that ended for good is the job's end, even if a copy of one of its
+        # messages (a broker's redelivery) started after it and went on, retrying:
+        # the job ran to a final state.
+        ends += [run.end for run in self.runs if run.outcome in FINAL and run.end is not None]
         if self.runs:
             last = max(self.runs, key=lambda run: (run.start, run.number))
-            if last.outcome in FINAL and last.end is not None:
-                ends.append(last.end)
-            elif last.outcome is None and last.end is None and last.cut is not None:
+            if last.outcome is None and last.end is None and last.cut is not None:
                 timed_out = [t for t in self.timed_out if t >= last.start]
                 if timed_out:
                     ends.append(max(last.cut, min(timed_out)))  # acknowledged at its time limit

@@ -275,6 +275,23 @@ def test_i5_lets_a_new_job_in_once_the_window_ended() -> None:
     assert violations(stale) == {"I5": 1}
 
 
+def test_i3_a_run_that_ended_for_good_ends_the_job_whatever_a_copy_did_after() -> None:
+    """A copy of the job's first message (redelivered by the broker) retried after the
+    job's next attempt had succeeded; the attempt it sent was dropped as stale."""
+    copy_retried = [
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, 1.2, outcome="retry", n=1),
+        run("J1", 3.0, 3.3, outcome="ok", n=3),
+        run("J1", 3.01, 3.4, outcome="retry", n=2),
+        {"e": "unrun", "job": "J1", "state": "IGNORED", "t": int(3.5 * S)},
+    ]
+    assert violations(history(*copy_retried)) == {}
+    # With no run that ended for good, the dropped attempt is a lost job.
+    lost = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="retry")]
+    dropped = {"e": "unrun", "job": "J1", "state": "IGNORED", "t": int(1.3 * S)}
+    assert violations(history(*lost, dropped)) == {"I3": 1}
+
+
 def test_i3_counts_a_message_the_broker_log_shows_lost_apart() -> None:
     """A job whose message the Redis broker's log shows lost in transport is counted apart."""
     retried = [dispatch(1.0, created("J1")), run("J1", 1.1, 1.2, outcome="retry")]
