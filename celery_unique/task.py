@@ -24,7 +24,7 @@ from celery_unique.publishing import install_gate
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced
-from celery_unique.worker.limits import HeldBack, hold_to_the_end, soft_limit_held_back
+from celery_unique.worker.limits import hold_to_the_end, soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
 if TYPE_CHECKING:
@@ -85,11 +85,12 @@ def _carrying_on(
     undo = None if eager else runs.hand_over(task)
     with resend.counting_sends() as sent:
         try:
-            with nullcontext(HeldBack()) if eager else soft_limit_held_back() as held:
+            with nullcontext() if eager else soft_limit_held_back():
                 try:
                     yield
                 finally:
-                    held.to_the_end = bool(sent)
+                    if sent and not eager:
+                        hold_to_the_end()
         except (Replaced, Retry):
             if not eager:
                 setattr(request, _SENT_ON, then)

@@ -61,38 +61,21 @@ def _in_pool_child() -> signal.Signals | None:
     return None
 
 
-class HeldBack:
-    """What :func:`soft_limit_held_back` gives its block."""
-
-    __slots__ = ("to_the_end",)
-
-    def __init__(self) -> None:
-        #: Keep the limit held back after the block, for the rest of the run.
-        self.to_the_end = False
-
-
 @contextmanager
-def soft_limit_held_back() -> Iterator[HeldBack]:
+def soft_limit_held_back() -> Iterator[None]:
     """While the block runs, a soft time limit waits; it strikes as the block ends,
-    unless the block set ``to_the_end``: then it never strikes in this run."""
-    global _held_to_the_end, _struck
-    held = HeldBack()
+    unless the block called :func:`hold_to_the_end`: then it never strikes in this run."""
+    global _struck
     limit = _in_pool_child()
     if limit is None or signal.getsignal(limit) is _note:
         # Not a pool child, or held back already (by an outer block, or to the end).
-        try:
-            yield held
-        finally:
-            if limit is not None and held.to_the_end:
-                _held_to_the_end = True
+        yield
         return
     signal.signal(limit, _note)
     try:
-        yield held
+        yield
     finally:
-        if held.to_the_end or _held_to_the_end:
-            _held_to_the_end = True
-        else:
+        if not _held_to_the_end:
             signal.signal(limit, soft_timeout_sighandler)
             if _struck:
                 _struck = False
@@ -100,9 +83,10 @@ def soft_limit_held_back() -> Iterator[HeldBack]:
 
 
 def hold_to_the_end() -> None:
-    """The body of this run has ended: from here, a soft time limit only notes its
-    strike (struck in Celery's code after the body, or before the pool reported
-    the run, it would report a failure in place of how the body ended)."""
+    """The body of this run has ended, or the job was sent on: from here, a soft time
+    limit only notes its strike (struck in Celery's code after the body, or before
+    the pool reported the run, it would report a failure in place of how the run
+    ended)."""
     global _held_to_the_end
     limit = _in_pool_child()
     if limit is None:

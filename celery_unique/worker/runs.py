@@ -58,7 +58,7 @@ from celery_unique.stores.base import (
     Scope,
     Store,
 )
-from celery_unique.worker.limits import soft_limit_held_back
+from celery_unique.worker.limits import hold_to_the_end, soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
 
@@ -180,9 +180,9 @@ def _send_again(task: Any, countdown: float) -> None:
     # The same job going on (the re-send keeps its id, keys and retry count),
     # published without asking the store, as a retry is; a soft time limit
     # struck once it left would end this delivery as a failure.
-    with soft_limit_held_back() as held:
+    with soft_limit_held_back():
         task.signature_from_request(task.request, countdown=countdown).apply_async()
-        held.to_the_end = True
+        hold_to_the_end()
 
 
 def defer(task: Any, silent: StoreSilent) -> Deferred:

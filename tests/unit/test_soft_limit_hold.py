@@ -51,8 +51,8 @@ def test_a_limit_held_back_strikes_as_the_block_ends(soft_limit: None) -> None:
 
 
 def test_a_limit_held_to_the_end_of_the_run_never_strikes_in_it(soft_limit: None) -> None:
-    with limits.soft_limit_held_back() as held:
-        held.to_the_end = True
+    with limits.soft_limit_held_back():
+        limits.hold_to_the_end()
     _send_limit()  # after the body: the pool reads the run's outcome late
     assert limits._struck
 
@@ -63,8 +63,8 @@ def test_a_thread_that_takes_the_signal_does_not_let_it_strike(soft_limit: None)
     taker = threading.Thread(target=stop.wait)
     taker.start()
     try:
-        with limits.soft_limit_held_back() as held:
-            held.to_the_end = True
+        with limits.soft_limit_held_back():
+            limits.hold_to_the_end()
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         try:
             _send_limit()  # this thread blocks it: the kernel gives it to the other one
@@ -77,8 +77,8 @@ def test_a_thread_that_takes_the_signal_does_not_let_it_strike(soft_limit: None)
 
 
 def test_the_next_run_drops_the_held_limit_and_feels_its_own(soft_limit: None) -> None:
-    with limits.soft_limit_held_back() as held:
-        held.to_the_end = True
+    with limits.soft_limit_held_back():
+        limits.hold_to_the_end()
     _send_limit()
     limits._rearm()
     assert not limits._struck
@@ -89,8 +89,8 @@ def test_the_next_run_drops_the_held_limit_and_feels_its_own(soft_limit: None) -
 def test_elsewhere_the_signal_is_left_alone(soft_limit: None) -> None:
     """A solo worker's SIGUSR1 asks Celery for a traceback dump: never held back."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    with limits.soft_limit_held_back() as held:
-        held.to_the_end = True
+    with limits.soft_limit_held_back():
+        limits.hold_to_the_end()
     assert not limits._held_to_the_end
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
 
