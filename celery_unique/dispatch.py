@@ -67,6 +67,7 @@ from celery_unique.stores.base import (
     Claim,
     Decision,
     Effect,
+    Hold,
     OnDuplicate,
     Release,
     Scope,
@@ -344,7 +345,7 @@ def _extend_lease(app: Celery, job_id: str, header: KeyHeader, options: Mapping[
     if not key or rt.lease_ms is None:
         return
     try:
-        rt.store.renew_many([(job_id, key)], rt.lease_ms + _wait_ms(options))
+        rt.store.renew_many([Hold(job_id, key)], rt.lease_ms + _wait_ms(options))
     except Exception:
         logger.warning("could not extend the lease of %r for a retry", key, exc_info=True)
 

@@ -162,6 +162,8 @@ class UniqueMixin(_MixinBase):
             raise runs.stale(self, begun.holder)
         if begun.wait_ms is not None:
             raise runs.postpone(self, begun.wait_ms)
+        if begun.busy_ms is not None:
+            raise runs.wait_for_run(self, begun.busy_ms)
         if begun.arguments is not None:
             latest, kwargs = runs.latest_arguments(self, begun.arguments)
             args = tuple(latest)

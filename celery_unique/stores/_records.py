@@ -27,6 +27,7 @@ from celery_unique.stores.base import (
     Effect,
     FollowUp,
     HeldKey,
+    Hold,
     KeyKind,
     OnDuplicate,
     Release,
@@ -66,6 +67,18 @@ class Record:
     due: int | None = None
     #: ``debounce``: the latest planned start allowed, on the store's clock.
     cap: int | None = None
+    #: ``run`` is vouched alive until then (its start, its worker's renewals), on the
+    #: store's clock: no other delivery of the job takes the mark before.
+    alive_until: int | None = None
+
+    def run_alive(self, now: int) -> bool:
+        """Whether a delivery still vouched alive marks the key (not one that handed it over)."""
+        return (
+            self.run is not None
+            and not self.run.startswith(HANDED_OVER_MARK)
+            and self.alive_until is not None
+            and self.alive_until > now
+        )
 
     def alive(self, now: int) -> bool:
         return self.expires_at is None or self.expires_at > now
@@ -293,20 +306,22 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
                 return UNCHANGED
             return replace(record, run=after)
         if keep_ms == RUNNING:
-            if record.finished or record.run in (run, handed_by):
+            if record.finished or record.run in (run, handed_by) or record.run_alive(now):
                 return UNCHANGED
-            return replace(record, run=run)
+            return replace(record, run=run, alive_until=None)
         if not _run_may_end(record, run):
             # Another delivery of the job runs now, or this one handed the job over
             # to a replacement: the key is theirs.
             return UNCHANGED
         if keep_ms == GOES_ON:
-            return UNCHANGED if record.run is None else replace(record, run=None)
+            return UNCHANGED if record.run is None else replace(record, run=None, alive_until=None)
         if keep_ms == 0:
             return None
         if record.finished:
             return UNCHANGED  # A repeated final signal must not push retention further.
-        return replace(record, finished=True, expires_at=_expiry(now, keep_ms), run=None)
+        return replace(
+            record, finished=True, expires_at=_expiry(now, keep_ms), run=None, alive_until=None
+        )
 
     return change
 
@@ -337,6 +352,7 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
                 expires_at=_expiry(now, start.lease_ms),
                 since=now,
                 run=start.run,
+                alive_until=_expiry(now, start.alive_ms),
             )
         if record.job_id != job_id:
             if record.handed_from != job_id:
@@ -344,6 +360,12 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
             return UNCHANGED
         if start.follows_duplicates and record.due is not None and record.due > now:
             outcome[:] = [RunBegun(wait_ms=record.due - now)]
+            return UNCHANGED
+        if record.run != start.run and record.run_alive(now):
+            # Another delivery of the job runs, and its worker says it is alive: the
+            # broker delivered the message again although that run goes on.
+            assert record.alive_until is not None
+            outcome[:] = [RunBegun(busy_ms=record.alive_until - now)]
             return UNCHANGED
         if start.follows_duplicates and record.arguments is not None:
             outcome[:] = [RunBegun(arguments=record.arguments)]
@@ -358,7 +380,13 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
         # owed by an earlier duplicate is this one.
         owed = None if start.follows_duplicates else owed_run(record.owed)
         return replace(
-            record, finished=False, expires_at=expires_at, run=start.run, due=None, owed=owed
+            record,
+            finished=False,
+            expires_at=expires_at,
+            run=start.run,
+            alive_until=_expiry(now, start.alive_ms),
+            due=None,
+            owed=owed,
         )
 
     return change
@@ -391,6 +419,7 @@ def passing_on(
             job_id=owed,
             owed=passed,
             run=None,
+            alive_until=None,
             handed_from=None,
             due=None,
             since=now,
@@ -414,21 +443,26 @@ def rolling_back(claim: Claim, key: str) -> Change:
     return change
 
 
-def renewing(job_id: str, lease_ms: int) -> Change:
-    """Push the lease of an unfinished active key ``job_id`` holds to at least ``lease_ms``."""
+def renewing(hold: Hold, lease_ms: int | None, alive_ms: int | None = None) -> Change:
+    """Push the lease of an unfinished active key ``hold`` names to at least ``lease_ms``;
+    with ``alive_ms``, vouch for its run again if that still marks the key."""
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if (
             record is None
             or not record.alive(now)
-            or record.job_id != job_id
+            or record.job_id != hold.job_id
             or record.kind is not KeyKind.ACTIVE
             or record.finished
-            or record.expires_at is None
-            or record.expires_at >= now + lease_ms
         ):
             return UNCHANGED
-        return replace(record, expires_at=now + lease_ms)
+        renewed = record
+        if alive_ms is not None and hold.run is not None and record.run == hold.run:
+            renewed = replace(renewed, alive_until=now + alive_ms)
+        expires_at = record.expires_at
+        if lease_ms is not None and expires_at is not None and expires_at < now + lease_ms:
+            renewed = replace(renewed, expires_at=now + lease_ms)
+        return UNCHANGED if renewed is record else renewed
 
     return change
 
@@ -487,10 +521,12 @@ class RecordStore(Store):
         )
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+        return self.renew_many([Hold(job_id, key) for key in keys], lease_ms)
 
-    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
-        return sum(self._change([(key, renewing(job_id, lease_ms)) for job_id, key in holds]))
+    def renew_many(
+        self, holds: Sequence[Hold], lease_ms: int | None, *, alive_ms: int | None = None
+    ) -> int:
+        return sum(self._change([(hold.key, renewing(hold, lease_ms, alive_ms)) for hold in holds]))
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
         return self._change([(key, forgetting(job_id))])[0]

@@ -209,6 +209,10 @@ class RunStart:
     #: The job's duplicates may have left it arguments or a later start
     #: (``latest``/``debounce``): :meth:`Store.begin_run` reports them.
     follows_duplicates: bool = False
+    #: How long the start vouches that this run is alive (its worker's renewals
+    #: vouch again, see :meth:`Store.renew_many`): until then no other delivery of
+    #: the job takes its mark. ``None``: the run is never vouched for.
+    alive_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +225,17 @@ class RunBegun:
     arguments: str | None = None
     #: The job's planned start is this far off: it was not marked and must not run yet.
     wait_ms: int | None = None
+    #: Another delivery of the job runs, vouched alive for this long still: this one
+    #: was not marked and must not run yet.
+    busy_ms: int | None = None
+
+
+class Hold(NamedTuple):
+    """A job's hold on an active key, to renew; ``run``: the delivery running it here."""
+
+    job_id: str
+    key: str
+    run: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +385,11 @@ class Store(ABC):
         delivery is a copy of a job whose key moved on, and must not run. A
         job that handed its key over while it ran (self-rescheduling) runs
         on without it. Stores that cannot mark runs return ``None``.
+
+        A key marked by another delivery of the job that is still vouched
+        alive (``run.alive_ms`` at its start, renewals since) is not marked:
+        :meth:`begin_run` reports how long it is vouched for
+        (:attr:`RunBegun.busy_ms`), and this method returns ``None``.
         """
         return None
 
@@ -399,13 +419,20 @@ class Store(ABC):
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         """Push the lease of unfinished active keys held by ``job_id``; return how many."""
 
-    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
-        """Renew many ``(job_id, key)`` holds at once; return how many were pushed.
+    def renew_many(
+        self, holds: Sequence[Hold], lease_ms: int | None, *, alive_ms: int | None = None
+    ) -> int:
+        """Renew many holds at once; return how many were renewed (lease pushed or run vouched).
 
-        Stores override this to do it in one round trip: a worker renews every
-        job it holds with one call.
+        With ``alive_ms``, a hold whose ``run`` still marks its key vouches for
+        that run again: no other delivery of the job takes the key's mark for
+        ``alive_ms`` (see :meth:`start_run`). ``lease_ms`` ``None``: no lease to
+        push. Stores override this to do it in one round trip: a worker renews
+        every job it holds with one call.
         """
-        return sum(self.renew(job_id, [key], lease_ms) for job_id, key in holds)
+        if lease_ms is None:
+            return 0
+        return sum(self.renew(hold.job_id, [hold.key], lease_ms) for hold in holds)
 
     @abstractmethod
     def get(self, key: str) -> HeldKey | None:

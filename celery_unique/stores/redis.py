@@ -32,6 +32,7 @@ from celery_unique.stores.base import (
     Effect,
     FollowUp,
     HeldKey,
+    Hold,
     KeyKind,
     OnDuplicate,
     PendingDecisions,
@@ -386,11 +387,16 @@ class RedisStore(Store):
         task = "" if split_storage_key(key)[2] == run.task else run.task
         follows = "1" if run.follows_duplicates else ""
         args = [job_id, run.run, SCOPE_CHARS[run.scope], task, _ms(run.lease_ms), follows]
+        args.append(_ms(run.alive_ms))
         reply = _text(self._call("start", [key], args))
         if not reply.startswith(_RS):
             return RunBegun(holder=reply or None)
         kind, value = reply[1], reply[2:]
-        return RunBegun(wait_ms=int(value)) if kind == "W" else RunBegun(arguments=value)
+        if kind == "W":
+            return RunBegun(wait_ms=int(value))
+        if kind == "B":
+            return RunBegun(busy_ms=int(value))
+        return RunBegun(arguments=value)
 
     def pass_on(
         self, job_id: str, key: str, run: str | None, lease_ms: int | None
@@ -402,13 +408,18 @@ class RedisStore(Store):
         return FollowUp(owed, arguments, task or split_storage_key(key)[2])
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
-        return self.renew_many([(job_id, key) for key in keys], lease_ms)
+        return self.renew_many([Hold(job_id, key) for key in keys], lease_ms)
 
-    def renew_many(self, holds: Sequence[tuple[str, str]], lease_ms: int) -> int:
+    def renew_many(
+        self, holds: Sequence[Hold], lease_ms: int | None, *, alive_ms: int | None = None
+    ) -> int:
         if not holds:
             return 0
-        keys = [key for _, key in holds]
-        return int(self._call("renew", keys, [lease_ms, *(job_id for job_id, _ in holds)]))
+        keys = [hold.key for hold in holds]
+        args: list[str | int] = [_ms(lease_ms), _ms(alive_ms)]
+        for hold in holds:
+            args += [hold.job_id, hold.run or ""]
+        return int(self._call("renew", keys, args))
 
     def get(self, key: str) -> HeldKey | None:
         with self._commands(), self.client.pipeline(transaction=True) as pipe:

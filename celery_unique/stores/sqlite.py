@@ -40,13 +40,14 @@ CREATE TABLE IF NOT EXISTS celery_unique_keys (
     owed TEXT,
     arguments TEXT,
     due INTEGER,
-    cap INTEGER
+    cap INTEGER,
+    alive_until INTEGER
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
 """
 _COLUMNS = (
     "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, "
-    "run, handed_from, on_duplicate, owed, arguments, due, cap"
+    "run, handed_from, on_duplicate, owed, arguments, due, cap, alive_until"
 )
 #: Columns a file made by an earlier version may lack, with their types.
 _LATER_COLUMNS = {
@@ -58,6 +59,7 @@ _LATER_COLUMNS = {
     "arguments": "TEXT",
     "due": "INTEGER",
     "cap": "INTEGER",
+    "alive_until": "INTEGER",
 }
 #: Expired rows are swept at most this often, so decisions stay one short transaction.
 _SWEEP_EVERY_MS = 30_000
@@ -80,6 +82,7 @@ Row = tuple[
     "str | None",
     "int | None",
     "int | None",
+    "int | None",
 ]
 
 
@@ -89,8 +92,9 @@ def _now() -> int:
 
 def _record(row: Row) -> _records.Record:
     _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, *rest = row
-    run, handed, follows, owed, arguments, due, cap = cast(
-        "tuple[str | None, str | None, str | None, str | None, str | None, int | None, int | None]",
+    run, handed, follows, owed, arguments, due, cap, alive_until = cast(
+        "tuple[str | None, str | None, str | None, str | None, str | None, int | None, "
+        "int | None, int | None]",
         tuple(rest),
     )
     return _records.Record(
@@ -110,6 +114,7 @@ def _record(row: Row) -> _records.Record:
         arguments=arguments,
         due=due,
         cap=cap,
+        alive_until=alive_until,
     )
 
 
@@ -236,6 +241,7 @@ class SQLiteStore(_records.RecordStore):
                 r.arguments,
                 r.due,
                 r.cap,
+                r.alive_until,
             )
             for key, r in writes.items()
             if r is not None

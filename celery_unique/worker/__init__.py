@@ -10,6 +10,8 @@
   request (unknown task, unreadable message);
 * :mod:`~celery_unique.worker.runs`: each delivery's mark on its key, so that
   a copy of a message the broker delivered again never runs beside another job;
+* :mod:`~celery_unique.worker.alive`: the process running a job vouching for
+  the run, so that a copy of its message waits for it;
 * :mod:`~celery_unique.worker.leases`: renewing the lease of every key a live
   worker holds.
 

@@ -22,6 +22,7 @@ from celery import Celery, signals
 
 from celery_unique.config import runtime
 from celery_unique.headers import read_header
+from celery_unique.stores.base import Hold
 
 logger = logging.getLogger("celery_unique")
 
@@ -31,15 +32,15 @@ RENEWALS_PER_LEASE = 3
 MIN_INTERVAL_S = 0.1
 
 
-def held_by_worker(requests: Iterable[Any]) -> list[tuple[str, str]]:
-    """``(job id, active key)`` of every request that carries an active-type key."""
+def held_by_worker(requests: Iterable[Any]) -> list[Hold]:
+    """The hold of every request that carries an active-type key."""
     holds = []
     for request in requests:
         header = read_header(request)
         key = header.get("a") if header else None
         job_id = getattr(request, "id", None)
         if key and job_id:
-            holds.append((str(job_id), key))
+            holds.append(Hold(str(job_id), key))
     return holds
 
 

@@ -31,6 +31,17 @@ this delivery ends without running (:class:`Deferred`): the key stays with
 the job, and the copy that runs later is marked, or found stale. Only under
 ``unique_fail_open`` does a run go ahead unmarked, as dispatches do.
 
+A copy of a message can also come while its first delivery still runs: a
+worker that lost its broker connection goes on running its jobs, and the
+broker delivers their messages again. The process running the job vouches
+that the run is alive (see :mod:`celery_unique.worker.alive`); the copy finds
+the run vouched for, and is sent again under the job's id, due when the vouching
+runs out (:class:`Deferred`): it runs once the first run ended without
+freeing the key (its job's key is then free, or held by a newer job: the
+copy is stale), or once nobody vouches for that run any more (its process died).
+Were the copy to take the mark and end first, its release would free the key
+while the first run goes on, and a new job could run beside it.
+
 ``queued`` keys are released when a run starts; they mark nothing.
 """
 
@@ -52,12 +63,14 @@ from celery_unique.headers import KeyHeader, read_header
 from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDING_OVER,
+    Hold,
     Release,
     RunBegun,
     RunStart,
     Scope,
     Store,
 )
+from celery_unique.worker import alive
 from celery_unique.worker.limits import hold_to_the_end, soft_limit_held_back
 
 logger = logging.getLogger("celery_unique")
@@ -69,6 +82,8 @@ _MARKED_SCOPES = (Scope.ACTIVE.value, Scope.EXISTS.value)
 STORE_WAIT_S = 2.0
 #: How long after a deferral the job is due again.
 DEFER_S = 1.0
+#: How long after another delivery stops being vouched alive a deferred copy is due.
+BUSY_SLACK_S = 0.2
 _RETRY_GAPS_S = (0.05, 0.1, 0.2, 0.4)
 
 
@@ -113,9 +128,16 @@ def begin(task: Any) -> RunBegun:
     rt = runtime(task.app)
     # Only the job's own task takes its duplicates' arguments (not a replacement).
     follows = bool(header.get("p")) and getattr(task, "_marks_runs", False)
-    start = RunStart(run, Scope(header["s"]), task.name, rt.lease_ms, follows_duplicates=follows)
+    start = RunStart(
+        run,
+        Scope(header["s"]),
+        task.name,
+        rt.lease_ms,
+        follows_duplicates=follows,
+        alive_ms=alive.alive_ms(rt.lease_ms),
+    )
     try:
-        return _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)
+        begun = _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)
     except BackendUnavailable as exc:
         logger.warning(
             "uniqueness store not answering; job %s runs (fail-open), its key %r is marked "
@@ -124,7 +146,11 @@ def begin(task: Any) -> RunBegun:
             key,
             exc,
         )
-        return _GO_AHEAD
+        begun = _GO_AHEAD
+    if begun.holder is None and begun.wait_ms is None and begun.busy_ms is None:
+        # It runs: vouch for it until its body ends (a mark made later, too).
+        alive.started(task.app, Hold(request.id, key, run))
+    return begun
 
 
 _GO_AHEAD = RunBegun()
@@ -166,6 +192,20 @@ def postpone(task: Any, wait_ms: int) -> Deferred:
         wait_ms / 1000,
     )
     return Deferred(f"postponed by a duplicate; sent again, due in {wait_ms} ms")
+
+
+def wait_for_run(task: Any, busy_ms: int) -> Deferred:
+    """Another delivery of the job ``task`` runs, vouched alive ``busy_ms`` longer: send
+    this copy again for then; the exception that ends this delivery."""
+    wait_s = busy_ms / 1000 + BUSY_SLACK_S
+    _send_again(task, wait_s)
+    logger.warning(
+        "job %s is sent again, due in %.1f s: another delivery of it runs on a live worker "
+        "(the broker delivered its message again, as after a lost connection)",
+        task.request.id,
+        wait_s,
+    )
+    return Deferred(f"another delivery of the job runs; sent again, due in {wait_s:.1f} s")
 
 
 def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]:
@@ -257,7 +297,7 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
     if task is None or getattr(task, "_marks_runs", False):
         return
     try:
-        holder = begin(task).holder
+        begun = begin(task)
     except StoreSilent as silent:
         logger.warning(
             "job %s runs unmarked: the uniqueness store did not answer, and task %s cannot "
@@ -267,17 +307,32 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
             silent,
         )
         return
-    if holder is not None:
+    if begun.holder is not None:
         logger.warning(
             "job %s runs although its key is held by job %s now: task %s cannot be "
             "stopped before its body (it is not a UniqueTask)",
             task.request.id,
-            holder,
+            begun.holder,
             task.name,
         )
+    elif begun.busy_ms is not None:
+        logger.warning(
+            "job %s runs although another delivery of it runs on a live worker: task %s "
+            "cannot be stopped before its body (it is not a UniqueTask)",
+            task.request.id,
+            task.name,
+        )
+
+
+def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    task = task if task is not None else sender
+    run = getattr(getattr(task, "request", None), RUN_FIELD, None)
+    if run:
+        alive.ended(run)
 
 
 def connect() -> None:
     from celery import signals
 
     signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_unique.runs.prerun")
+    signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_unique.runs.postrun")

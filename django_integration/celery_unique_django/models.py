@@ -125,6 +125,11 @@ class UniqueKey(models.Model):
     cap: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(
         null=True, blank=True, help_text="Debounce: the latest planned start allowed."
     )
+    alive_until: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Until when the running delivery is vouched alive by its worker.",
+    )
 
     class Meta:
         db_table = "celery_unique_key"
@@ -168,6 +173,7 @@ class UniqueKey(models.Model):
             arguments=self.arguments,
             due=self.due,
             cap=self.cap,
+            alive_until=self.alive_until,
         )
 
     def assign(self, record: Record) -> None:
@@ -188,6 +194,7 @@ class UniqueKey(models.Model):
         self.arguments = record.arguments
         self.due = record.due
         self.cap = record.cap
+        self.alive_until = record.alive_until
 
     @property
     def expires(self) -> datetime | None:
@@ -215,6 +222,7 @@ RECORD_FIELDS = [
     "arguments",
     "due",
     "cap",
+    "alive_until",
 ]
 
 

@@ -11,8 +11,10 @@ from celery_unique.stores.base import (
     RUNNING,
     ActiveClaim,
     Claim,
+    Hold,
     KeyKind,
     Release,
+    RunBegun,
     RunStart,
     Scope,
     Store,
@@ -358,7 +360,7 @@ def test_renew_many_renews_each_hold_for_its_own_job(store: Store) -> None:
     """One batch renewal pushes every listed hold and skips holds of other jobs."""
     decide(store, active("j1", lease=600))
     decide(store, active("j2", key=B, lease=600))
-    assert store.renew_many([("j1", A), ("j2", B), ("j9", A)], 5_000) == 2
+    assert store.renew_many([Hold("j1", A), Hold("j2", B), Hold("j9", A)], 5_000) == 2
     time.sleep(0.8)
     assert decide(store, active("x")).job_id == "j1"
     assert decide(store, active("y", key=B)).job_id == "j2"
@@ -391,7 +393,7 @@ def test_hostile_job_ids_are_held_released_and_rolled_back_exactly(store: Store)
         assert held is not None
         assert held.job_id == job
         assert [h.job_id for h in store.scan(prefix=key)] == [job]
-        assert store.renew_many([(job, key)], LONG * 2) == 1
+        assert store.renew_many([Hold(job, key)], LONG * 2) == 1
         assert store.release("other", key) is False
         assert store.release_many([Release(job, key, 0)]) == [True]
         assert store.get(key) is None
@@ -439,6 +441,11 @@ def test_rollback_many_undoes_only_what_each_claim_wrote(store: Store) -> None:
 
 def start(store: Store, job: str, run: str, key: str = A, lease: int | None = LONG) -> str | None:
     return store.start_run(job, key, RunStart(run, Scope.ACTIVE, "tasks.recalc", lease))
+
+
+def vouched_start(store: Store, job: str, run: str, alive_ms: int) -> RunBegun:
+    start = RunStart(run, Scope.ACTIVE, "tasks.recalc", LONG, alive_ms=alive_ms)
+    return store.begin_run(job, A, start)
 
 
 def test_a_run_marks_the_key_its_job_holds(store: Store) -> None:
@@ -593,3 +600,73 @@ def test_a_late_mark_of_a_run_replaces_an_ended_runs_mark_and_takes_nothing(stor
     assert store.release_many([Release("j1", A, RUNNING, "r4")]) == [False]  # another job's
     store.release("j2", A, keep_ms=LONG)
     assert store.release_many([Release("j2", A, RUNNING, "r5")]) == [False]  # finished
+
+
+# -- a run its worker vouches for: a copy of its message waits ------------------------
+
+
+def test_a_copy_waits_while_the_run_it_copies_is_vouched_alive(store: Store) -> None:
+    """A second delivery of j1 while r1 runs on a live worker is not marked: it is told how
+    long r1 is vouched for, and r1's own end still frees the key."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    assert vouched_start(store, "j1", "r1", LONG) == RunBegun()
+    begun = vouched_start(store, "j1", "r2", 5_000)
+    assert begun.holder is None
+    assert begun.busy_ms is not None
+    assert LONG - 5_000 < begun.busy_ms <= LONG
+    held = store.get(A)
+    assert held is not None
+    assert held.run == "r1"
+    assert store.release_many([Release("j1", A, 0, "r2")]) == [False]  # the copy's end
+    assert store.get(A) is not None
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [True]
+    assert store.get(A) is None
+
+
+def test_a_copy_takes_the_mark_of_a_run_no_longer_vouched_for(store: Store) -> None:
+    """The run's worker stopped renewing (it died): once the vouching ran out, the copy runs."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    vouched_start(store, "j1", "r1", 150)
+    time.sleep(0.25)
+    assert vouched_start(store, "j1", "r2", 5_000) == RunBegun()
+    held = store.get(A)
+    assert held is not None
+    assert held.run == "r2"
+    assert store.release_many([Release("j1", A, 0, "r1")]) == [False]
+
+
+def test_a_renewal_vouches_again_for_the_run_that_marks_the_key_only(store: Store) -> None:
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    vouched_start(store, "j1", "r1", 300)
+    # Another run of the job, or of another job, vouches for nothing.
+    store.renew_many([Hold("j1", A, "r9"), Hold("j9", A, "r1")], LONG, alive_ms=LONG)
+    assert store.renew_many([Hold("j1", A, "r1")], None, alive_ms=2_000) == 1
+    time.sleep(0.4)
+    begun = vouched_start(store, "j1", "r2", 5_000)
+    assert begun.busy_ms is not None
+    assert 0 < begun.busy_ms <= 2_000
+    time.sleep(0.4)
+    store.renew_many([Hold("j1", A, "r9")], LONG, alive_ms=LONG)
+    assert vouched_start(store, "j1", "r3", 300).busy_ms is not None
+
+
+def test_the_end_of_a_vouched_run_lets_a_copy_in(store: Store) -> None:
+    """Retried or requeued (its job goes on): a copy of the message may run at once."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    vouched_start(store, "j1", "r1", LONG)
+    assert store.release_many([Release("j1", A, GOES_ON, "r1")]) == [True]
+    assert vouched_start(store, "j1", "r2", LONG) == RunBegun()
+    # Handed over to a replacement: the replacement starts as the job's next run.
+    assert store.release_many([Release("j1", A, HANDING_OVER, "r2")]) == [True]
+    assert vouched_start(store, "j1", "r3", LONG) == RunBegun()
+
+
+def test_a_late_mark_of_a_copy_leaves_a_vouched_run_alone(store: Store) -> None:
+    """The worker's after-the-fact mark of a copy that waited takes nothing from the run."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    vouched_start(store, "j1", "r1", LONG)
+    assert store.release_many([Release("j1", A, RUNNING, "r2")]) == [False]
+    assert store.release_many([Release("j1", A, GOES_ON, "r2")]) == [False]
+    held = store.get(A)
+    assert held is not None
+    assert held.run == "r1"

@@ -6,7 +6,7 @@
 --   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
 -- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
 --
--- Value: fourteen fields joined by 0x1F (values written by earlier versions have
+-- Value: fifteen fields joined by 0x1F (values written by earlier versions have
 -- fewer, and read with the missing ones empty):
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
@@ -27,6 +27,8 @@
 --             (encoded by the client, base64: never a 0x1F); ""
 --   due       active keys (debounce): the planned start, ms since the epoch; ""
 --   cap       active keys (debounce): the latest planned start allowed; ""
+--   alive     active keys: until when `run` is vouched alive by its worker (its
+--             start, its renewals), ms since the epoch; ""
 -- Expiry is the key's own TTL, so time is always the server's clock.
 
 local US = "\31"
@@ -39,17 +41,19 @@ local function decode(value)
   end
   return {kind = f[1], finished = f[2], job = f[3], task = f[4], fp = f[5], policy = f[6],
           since = f[7] or "", run = f[8] or "", from = f[9] or "", follows = f[10] or "",
-          owed = f[11] or "", args = f[12] or "", due = f[13] or "", cap = f[14] or ""}
+          owed = f[11] or "", args = f[12] or "", due = f[13] or "", cap = f[14] or "",
+          alive = f[15] or ""}
 end
 
 local function encode(r)
   local fields = {r.kind, r.finished, r.job, r.task, r.fp, r.policy, r.since or "",
                   r.run or "", r.from or ""}
-  if (r.follows or "") ~= "" or (r.owed or "") ~= "" then
-    -- Only keys of latest/debounce jobs carry the last five: the others stay nine.
-    fields[10], fields[11], fields[12] = r.follows or "", r.owed or "", r.args or ""
-    fields[13], fields[14] = r.due or "", r.cap or ""
-  end
+  local tail = {r.follows or "", r.owed or "", r.args or "", r.due or "", r.cap or "",
+                r.alive or ""}
+  -- Trailing empty fields are left out: most keys stay nine fields.
+  local last = #tail
+  while last > 0 and tail[last] == "" do last = last - 1 end
+  for i = 1, last do fields[9 + i] = tail[i] end
   return table.concat(fields, US)
 end
 
@@ -64,6 +68,13 @@ end
 local function owed_run(owed)
   if owed == nil or owed == "" or string.sub(owed, 1, 1) == "<" then return "" end
   return owed
+end
+
+-- Whether a delivery of the job that its worker still vouches alive marks r (not
+-- one that handed the job over).
+local function run_alive(r, now)
+  return r.run ~= "" and string.sub(r.run, 1, 1) ~= "^" and r.alive ~= ""
+    and tonumber(r.alive) > tonumber(now)
 end
 
 -- The server's clock in ms since the epoch.

@@ -19,5 +19,6 @@ if r.job ~= job or r.finished == "1" or owed == "" or not run_may_end(r, run) th
   return ""
 end
 r.job, r.owed, r.run, r.from, r.due, r.since = owed, passed, "", "", "", now_ms()
+r.alive = ""
 put(key, encode(r), lease)
 return owed .. US .. r.task .. US .. r.args

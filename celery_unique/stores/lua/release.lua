@@ -28,15 +28,16 @@ for i, key in ipairs(KEYS) do
       done = "1"
     end
   elseif keep == "+" then
-    if mine and r.finished ~= "1" and r.run ~= run and r.run ~= "^" .. run then
-      r.run = run
+    if mine and r.finished ~= "1" and r.run ~= run and r.run ~= "^" .. run
+        and not run_alive(r, now_ms()) then
+      r.run, r.alive = run, ""
       redis.call("SET", key, encode(r), "KEEPTTL")
       done = "1"
     end
   elseif mine and run_may_end(r, run) then
     if keep == "-" then
       if r.run ~= "" then
-        r.run = ""
+        r.run, r.alive = "", ""
         redis.call("SET", key, encode(r), "KEEPTTL")
         done = "1"
       end
@@ -46,7 +47,7 @@ for i, key in ipairs(KEYS) do
     elseif r.finished ~= "1" then
       -- A repeated final release must not push retention further.
       r.finished = "1"
-      r.run = ""
+      r.run, r.alive = "", ""
       put(key, encode(r), keep)
       done = "1"
     end

@@ -4,18 +4,24 @@
 -- ARGV[1]: job id; ARGV[2]: the delivery's run id; ARGV[3]: scope char (a|e);
 -- ARGV[4]: task name to store ("" when the key names it); ARGV[5]: lease ms ("" none);
 -- ARGV[6]: "1" when the job follows its duplicates (latest/debounce)
+-- ARGV[7]: how long this start vouches that the run is alive, ms ("" not at all)
 -- Returns: "" when the run may go ahead (the key is the job's now), else the id of
---   the other job that holds the key (nothing written). A job that follows its
---   duplicates may get instead: 0x1E "W" ms: its planned start is ms away (nothing
---   written); 0x1E "A" arguments: go ahead, with the latest duplicate's arguments.
+--   the other job that holds the key (nothing written). Or 0x1E "B" ms: another
+--   delivery of the job runs, vouched alive ms longer (nothing written). A job that
+--   follows its duplicates may get instead: 0x1E "W" ms: its planned start is ms
+--   away (nothing written); 0x1E "A" arguments: go ahead, with the latest
+--   duplicate's arguments.
 
 local key, job, run, scope, task, lease = KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local follows = ARGV[6] == "1"
+local now = now_ms()
+local alive = ""
+if (ARGV[7] or "") ~= "" then alive = tostring(tonumber(now) + tonumber(ARGV[7])) end
 local r = decode(redis.call("GET", key))
 if not r then
   -- Nobody holds it: the lease ran out, or another delivery of the job released it.
   put(key, encode({kind = scope, finished = "0", job = job, task = task, fp = "", policy = "",
-                   since = now_ms(), run = run, from = ""}), lease)
+                   since = now, run = run, from = "", alive = alive}), lease)
   return ""
 end
 if r.job ~= job then
@@ -23,11 +29,16 @@ if r.job ~= job then
   return r.job
 end
 if follows and r.due ~= "" then
-  local wait = tonumber(r.due) - tonumber(now_ms())
+  local wait = tonumber(r.due) - tonumber(now)
   if wait > 0 then return "\30W" .. tostring(wait) end
 end
+if r.run ~= run and run_alive(r, now) then
+  -- Another delivery of the job runs, and its worker says it is alive: the broker
+  -- delivered the message again although that run goes on.
+  return "\30B" .. tostring(tonumber(r.alive) - tonumber(now))
+end
 local ttl = redis.call("PTTL", key)
-r.run, r.due = run, ""
+r.run, r.due, r.alive = run, "", alive
 -- Passed on, and started: the mark goes. A run that follows its duplicates starts
 -- with the latest arguments: a run owed by an earlier duplicate is that run.
 if follows or string.sub(r.owed, 1, 1) == "<" then r.owed = "" end
