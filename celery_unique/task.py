@@ -150,6 +150,7 @@ class UniqueMixin(_MixinBase):
             return self._run_marked(request, in_worker, args, kwargs)
         finally:
             if in_worker:
+                runs.body_ended(request)
                 # How the run ended is decided: a soft time limit must not change it.
                 hold_to_the_end()
 

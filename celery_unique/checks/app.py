@@ -16,6 +16,8 @@ from celery_unique.stores.base import Scope
 _VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")
 #: Celery's ``visibility_timeout`` when ``broker_transport_options`` does not set one.
 DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
+#: AMQP transports: without publisher confirms, a publish returns once it is written.
+_AMQP_TRANSPORTS = ("amqp", "amqps", "pyamqp")
 
 
 def app_findings(app: Any) -> list[Finding]:
@@ -26,6 +28,9 @@ def app_findings(app: Any) -> list[Finding]:
     url = configured_backend_url(app)
     findings = isolated("celery_unique.E001", "unique_backend", _backend, app, url=url)
     findings += isolated("celery_unique.E020", "tasks", _plain_tasks_with_options, app)
+    if _has_unique_tasks(app):
+        subject = "broker_transport_options"
+        findings += isolated("celery_unique.W028", subject, _no_publisher_confirms, app)
     marked = _marked_tasks(app)
     if marked:
         findings += isolated("celery_unique.W021", "unique_lease", _lease_shorter, app)
@@ -113,6 +118,12 @@ def uses_celery_unique(app: Any) -> bool:
     )
 
 
+def _has_unique_tasks(app: Any) -> bool:
+    from celery_unique.task import UniqueMixin
+
+    return any(isinstance(task, UniqueMixin) for task in app.tasks.values())
+
+
 def _marked_tasks(app: Any) -> dict[str, Any]:
     """The app's unique tasks that hold a key while their job runs, by name."""
     from celery_unique.task import UniqueMixin
@@ -154,6 +165,27 @@ def _lease_shorter(app: Any) -> list[Finding]:
             f"set unique_lease to at least {timeout_s:g} s (1.5 times that is safe: a waiting "
             "key may have only two thirds of its lease left), or lower "
             "broker_transport_options['visibility_timeout']",
+        )
+    ]
+
+
+def _no_publisher_confirms(app: Any) -> list[Finding]:
+    """W028: a RabbitMQ publish that returns although the broker never took the message."""
+    broker = app.conf.broker_url or ""
+    if not isinstance(broker, str) or scheme_of(broker).split("+")[0] not in _AMQP_TRANSPORTS:
+        return []
+    if (app.conf.broker_transport_options or {}).get("confirm_publish"):
+        return []
+    return [
+        finding(
+            "celery_unique.W028",
+            "broker_transport_options",
+            "the broker is RabbitMQ without publisher confirms: a message published as the "
+            "broker stops or restarts can be lost without an error, and its key then stays "
+            "with a job that never runs (dispatches are told reused) until the key's lease "
+            "or window ends",
+            "set broker_transport_options = {'confirm_publish': True}: a publish the broker "
+            "did not take then fails, and its key is rolled back",
         )
     ]
 

@@ -137,6 +137,14 @@ CATALOGUE = _checks(
         "their keys until the lease",
         "deploy the same code, with celery-unique, to every worker of the app",
     ),
+    Check(
+        "celery_unique.W028",
+        W,
+        "the broker is RabbitMQ without publisher confirms: a message published as the "
+        "broker stops can be lost without an error, and its key stays with a job that "
+        "never runs until the lease",
+        "set `broker_transport_options = {'confirm_publish': True}`",
+    ),
 )
 
 

@@ -324,11 +324,17 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
         )
 
 
-def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
-    task = task if task is not None else sender
-    run = getattr(getattr(task, "request", None), RUN_FIELD, None)
+def body_ended(request: Any) -> None:
+    """The body of the run ``request`` is in has ended: nobody vouches for the run any more."""
+    run = getattr(request, RUN_FIELD, None)
     if run:
         alive.ended(run)
+
+
+def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
+    # Unique tasks end it in __call__; this is for any other task carrying the header.
+    task = task if task is not None else sender
+    body_ended(getattr(task, "request", None))
 
 
 def connect() -> None:

@@ -98,6 +98,8 @@ RELEASE_WITHIN_NS = 2_000_000_000
 AFTER_FAULT_NS = 5_000_000_000
 #: How long after a kill is recorded its victim may still record events.
 KILL_LANDS_NS = 500_000_000
+#: A run the main process timed out is killed by the pool within this long.
+TIMED_OUT_KILLED_NS = 2_000_000_000
 #: Slack at the edges of a window (the store's clock against the actors').
 WINDOW_SLACK_NS = 200_000_000
 
@@ -300,15 +302,31 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
         for item in dispatch["items"]
         if item.get("effect") == "rerun"
     }
+
+    def held_as(job_id: str, depth: int = 0) -> tuple[str | None, str | None]:
+        """The key and scope of the key ``job_id`` holds: its dispatch's, or, for an owed
+        run (whose predecessor may be an owed run whose own record was lost), the job's
+        at the head of the chain; else what the duplicate that asked for it said."""
+        if job_id in jobs:
+            return jobs[job_id].key, jobs[job_id].scope
+        item = asked_for.get(job_id)
+        if item is None:
+            return None, None
+        if depth < 100 and (item.get("job") in jobs or item.get("job") in asked_for):
+            key, scope = held_as(item["job"], depth + 1)
+            if scope is not None:
+                return key, scope
+        return item.get("key"), item.get("scope")
+
     for event in sorted(history.of("followed"), key=_time):
         ended = jobs.get(event["of"])
         # Its key and scope are its predecessor's (whose own dispatch may have lost
-        # its answer): the duplicate that asked for it says them too.
-        origin = ended.item if ended else asked_for.get(event["job"], {})
+        # its answer): the chain of duplicates that asked for it says them too.
+        key, scope = (ended.key, ended.scope) if ended else held_as(event["job"])
         jobs[event["job"]] = Job(
             event["job"],
-            ended.key if ended else origin.get("key"),
-            ended.scope if ended else origin.get("scope"),
+            key,
+            scope,
             event["t"],
             event,
             ended.item if ended else {},
@@ -332,6 +350,9 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
         run = runs.get((event["job"], event["run"]))
         if run is not None:
             run.end, run.outcome = event["t"], event["outcome"]
+    timed_out: dict[str, list[int]] = defaultdict(list)
+    for event in history.of("timed_out"):
+        timed_out[event["job"]].append(int(event["t"]))
     for run in runs.values():
         if run.end is None:
             # A kill is recorded just before its signal lands: a run may still record
@@ -344,6 +365,11 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
             if run.cut is None and run.limit_s is not None:
                 # Cut by the pool at its hard time limit (and killed within a second or so).
                 run.cut = int(run.start + (run.limit_s + 2) * 1e9)
+            limited = [t for t in timed_out.get(run.job, ()) if t >= run.start]
+            if run.cut is None and limited:
+                # A run that did not mean to run past its limit did (held up by the store,
+                # say): the main process timed it out, and the pool killed it then.
+                run.cut = min(limited) + TIMED_OUT_KILLED_NS
         job = jobs.get(run.job)
         if job is not None:
             job.runs.append(run)

@@ -477,3 +477,45 @@ def test_a_run_killed_as_it_recorded_its_start_ends_with_the_kill() -> None:
         run("J2", 5.1, 5.5),
     )
     assert "I1" not in violations(killed)
+
+
+def test_i1_a_run_its_worker_timed_out_ended_within_moments() -> None:
+    """A run that did not mean to outlast the task's hard limit did (held up by a paused
+    store): the main process timed it out and the pool killed it. A job created later
+    runs beside nothing; one running before the kill could land is an overlap."""
+    first = [
+        dispatch(1.0, created("J1")),
+        run("J1", 1.1, None, pid=7),
+        {"e": "timed_out", "job": "J1", "t": int(1.9 * S)},
+        released("J1", 2.5),
+    ]
+    later = [dispatch(4.5, created("J2")), run("J2", 4.6, 4.8, pid=8), released("J2", 4.85)]
+    assert violations(history(*first, *later)) == {}
+    during = [dispatch(2.6, created("J2")), run("J2", 2.7, 2.9, pid=8), released("J2", 2.95)]
+    assert violations(history(*first, *during)) == {"I1": 1}
+    never_timed_out = history(first[0], first[1], *later)
+    assert violations(never_timed_out).get("I1") == 1
+
+
+def test_i2_an_owed_run_holds_its_key_in_the_scope_at_the_head_of_its_chain() -> None:
+    """An owed run of an ``exists`` key keeps it after its end (retention), even when the
+    record of the owed run before it was lost with its worker: the duplicates that asked
+    for each run lead back to the job that created the key."""
+    asked = {"scope": "active"}
+    events = [
+        dispatch(1.0, follows("J1", "n1", scope="exists")),
+        run_with("J1", "n1", 1.05, 1.1, 1.5),
+        dispatch(1.2, {**duplicate("J1", "F1", "n2", "rerun"), **asked}),
+        run_with("F1", "n2", 1.55, 1.6, 1.8),
+        # The worker that published F1 died before it recorded doing so.
+        {"e": "kill", "pids": [9], "whole": True, "node": "n1", "t": int(1.52 * S)},
+        dispatch(1.7, {**duplicate("F1", "F2", "n3", "rerun"), **asked}),
+        followed("F2", "F1", 1.9),
+        run_with("F2", "n3", 1.95, 2.0, 2.1),
+        released("F2", 2.12),
+        dispatch(3.0, reused("F2")),
+    ]
+    assert "I2" not in violations(history(*events))
+    # Were the key the duplicates' scope (active), the reuse at 3.0 s would be a phantom.
+    events[0] = dispatch(1.0, follows("J1", "n1", scope="active"))
+    assert violations(history(*events)).get("I2") == 1

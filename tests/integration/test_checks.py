@@ -98,9 +98,30 @@ def test_a_lease_shorter_than_the_redelivery_window_warns(
     longer = make_app(unique_lease=600, broker_transport_options={"visibility_timeout": 300})
     keyed(longer)
     assert ids(longer) == []
-    on_rabbitmq = make_app(unique_lease=60, broker_url=rabbitmq_url)
+    on_rabbitmq = make_app(
+        unique_lease=60,
+        broker_url=rabbitmq_url,
+        broker_transport_options={"confirm_publish": True},
+    )
     keyed(on_rabbitmq)
     assert ids(on_rabbitmq) == []  # RabbitMQ delivers again as soon as the worker is gone
+
+
+def test_rabbitmq_without_publisher_confirms_warns(
+    make_app: Callable[..., Celery], rabbitmq_url: str
+) -> None:
+    """A publish RabbitMQ never took returns all the same: its key would wait for the lease."""
+    app = make_app(broker_url=rabbitmq_url)
+    keyed(app, unique_while="queued")
+    [found] = checks.run(app)
+    assert (found.id, found.subject) == ("celery_unique.W028", "broker_transport_options")
+    assert "confirm_publish" in found.hint
+    confirmed = make_app(
+        broker_url=rabbitmq_url, broker_transport_options={"confirm_publish": True}
+    )
+    keyed(confirmed, unique_while="queued")
+    assert ids(confirmed) == []
+    assert ids(make_app()) == []  # a Redis broker: nothing to confirm
 
 
 def test_exists_retention_past_result_expiry_warns(make_app: Callable[..., Celery]) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from celery import Celery
 
 from celery_unique.config import runtime
 from celery_unique.stores.base import ActiveClaim, Claim, Hold, RunStart, Scope
-from celery_unique.worker import alive
+from celery_unique.worker import alive, runs
 
 KEY = "unique:v1:{ns}:a:tasks.t\x1fk"
 
@@ -51,7 +53,8 @@ def test_a_run_is_vouched_for_from_its_start_to_its_end(app: Celery) -> None:
 def test_a_run_that_ended_is_vouched_for_no_more(app: Celery) -> None:
     alive.started(app, Hold("j1", KEY, "r1"))
     alive.started(app, Hold("j2", KEY, "r2"))
-    alive.ended("r1")
+    runs.body_ended(SimpleNamespace(**{runs.RUN_FIELD: "r1"}))  # as UniqueTask.__call__ does
+    runs.body_ended(SimpleNamespace())  # a request with no run: nothing to end
     slots = [slot for slot, voucher in alive._vouchers.items() if voucher.app is app]
     assert len(slots) == 1  # one thread per process and app, whatever the runs
     voucher = alive._vouchers.pop(slots[0])
