@@ -575,7 +575,7 @@ def apply_unique(
     if again is not None:
         # retry(), replace(), a lost child's retry: the same job again, never a
         # duplicate of itself. It holds its keys already.
-        if again.header is not None and task_id is not None:
+        if again.header is not None and task_id is not None and not resend.lease_covered():
             _extend_lease(app, task_id, again.header, options)
         return stamp(publish(task_id, again.header))
     if not (overrides or declaration.declares_keys):

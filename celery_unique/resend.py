@@ -39,6 +39,31 @@ class Resend:
 
 
 _resending: ContextVar[Resend | None] = ContextVar("celery_unique_resending", default=None)
+_lease_covers: ContextVar[bool] = ContextVar("celery_unique_lease_covers", default=False)
+
+
+@contextmanager
+def lease_covers_it() -> Iterator[None]:
+    """While the block runs, a job sent again is due soon enough for its key's lease (the
+    worker that receives it renews it): the send does not ask the store to extend it first.
+
+    For the library's own re-sends of a run that did not start (the store was silent,
+    another delivery of the job runs, its planned start is later): one that waited on a
+    silent store before it is sent could meet the run's hard time limit after the send,
+    and the worker would then take the run's end for the job's.
+    """
+    token = _lease_covers.set(True)
+    try:
+        yield
+    finally:
+        _lease_covers.reset(token)
+
+
+def lease_covered() -> bool:
+    """Whether a job sent again now needs no longer lease (see :func:`lease_covers_it`)."""
+    return _lease_covers.get()
+
+
 _sent: ContextVar[list[str | None] | None] = ContextVar("celery_unique_sent", default=None)
 
 

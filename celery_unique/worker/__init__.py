@@ -10,6 +10,8 @@
   request (unknown task, unreadable message);
 * :mod:`~celery_unique.worker.runs`: each delivery's mark on its key, so that
   a copy of a message the broker delivered again never runs beside another job;
+* :mod:`~celery_unique.worker.guard`: the same stop before the body for tasks
+  that are not unique but carry a job's key (a replacement);
 * :mod:`~celery_unique.worker.alive`: the process running a job vouching for
   the run, so that a copy of its message waits for it;
 * :mod:`~celery_unique.worker.leases`: renewing the lease of every key a live
@@ -32,7 +34,7 @@ from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.checks.masking import redacted
 from celery_unique.config import configured_backend_url, runtime
-from celery_unique.worker import control, dropped, leases, limits, runs
+from celery_unique.worker import control, dropped, guard, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 
 logger = logging.getLogger("celery_unique")
@@ -62,6 +64,8 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
     app = getattr(sender, "app", None)
     if app is None or app not in _installed:
         return
+    # Before the pool forks, too: its children build their tracers from these tasks.
+    guard.guard_tasks(app)
     try:
         runtime(app).store  # noqa: B018 - built for its side effect
     except Exception as exc:
@@ -89,6 +93,7 @@ def install(app: Celery) -> None:
     leases.connect()
     limits.connect()
     runs.connect()
+    guard.connect()
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
     )

@@ -56,6 +56,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore
 
+from celery_unique import resend
 from celery_unique.config import runtime
 from celery_unique.duplicates import decode_arguments
 from celery_unique.exceptions import BackendUnavailable
@@ -220,7 +221,7 @@ def _send_again(task: Any, countdown: float) -> None:
     # The same job going on (the re-send keeps its id, keys and retry count),
     # published without asking the store, as a retry is; a soft time limit
     # struck once it left would end this delivery as a failure.
-    with soft_limit_held_back():
+    with soft_limit_held_back(), resend.lease_covers_it():
         task.signature_from_request(task.request, countdown=countdown).apply_async()
         hold_to_the_end()
 
@@ -289,41 +290,6 @@ def stale(task: Any, holder: str) -> Stale:
     return Stale(f"key held by job {holder}")
 
 
-def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
-    # Unique tasks mark their key in __call__, where a stale copy can still be
-    # stopped. Any other task carrying the header (the replacement of a unique
-    # task, say) marks it here: the mark keeps the key, but the run goes ahead.
-    task = task if task is not None else sender
-    if task is None or getattr(task, "_marks_runs", False):
-        return
-    try:
-        begun = begin(task)
-    except StoreSilent as silent:
-        logger.warning(
-            "job %s runs unmarked: the uniqueness store did not answer, and task %s cannot "
-            "be stopped before its body (it is not a UniqueTask): %s",
-            task.request.id,
-            task.name,
-            silent,
-        )
-        return
-    if begun.holder is not None:
-        logger.warning(
-            "job %s runs although its key is held by job %s now: task %s cannot be "
-            "stopped before its body (it is not a UniqueTask)",
-            task.request.id,
-            begun.holder,
-            task.name,
-        )
-    elif begun.busy_ms is not None:
-        logger.warning(
-            "job %s runs although another delivery of it runs on a live worker: task %s "
-            "cannot be stopped before its body (it is not a UniqueTask)",
-            task.request.id,
-            task.name,
-        )
-
-
 def body_ended(request: Any) -> None:
     """The body of the run ``request`` is in has ended: nobody vouches for the run any more."""
     run = getattr(request, RUN_FIELD, None)
@@ -340,5 +306,4 @@ def _on_postrun(sender: Any = None, task: Any = None, **_: Any) -> None:
 def connect() -> None:
     from celery import signals
 
-    signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_unique.runs.prerun")
     signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="celery_unique.runs.postrun")

@@ -8,7 +8,8 @@ way the broker does, by pushing the very message again into the queue the
 worker reads, and check that uniqueness still holds:
 
 * a copy of a job that has finished, delivered while another job holds the
-  key, does not run (two jobs never run under one key at once);
+  key, does not run (two jobs never run under one key at once), nor does a copy
+  of its replacement, a task that is not unique;
 * a copy of a job delivered while the job runs waits for the run (it is sent
   again for later), so no new job is created while the job still runs.
 """
@@ -63,6 +64,13 @@ def deliver(run: Pass, raw: bytes) -> None:
     run.broker_client().lpush(run.spec["queue"], json.dumps(message))
 
 
+def as_task(raw: bytes, task: str) -> bytes:
+    """The message ``raw`` as a message of the path app's task ``task`` (its key header kept)."""
+    message: dict[str, Any] = json.loads(raw)
+    message["headers"]["task"] = f"{_app.PREFIX}.{task}"
+    return json.dumps(message).encode()
+
+
 def wait_for(condition: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
     deadline = time.monotonic() + timeout
     while not (value := condition()):
@@ -86,12 +94,16 @@ def cell(matrix_pass: Callable[[str, str], Pass]) -> tuple[Pass, str, str]:
     return run, key, run.storage_key(key)
 
 
+@pytest.mark.parametrize("carried_by", ["success", "tail_plain"])
 def test_a_copy_of_a_finished_job_does_not_run_beside_the_job_holding_its_key(
-    cell: tuple[Pass, str, str],
+    cell: tuple[Pass, str, str], carried_by: str
 ) -> None:
-    """X runs and ends, Y takes the key, then the broker delivers X again: X stays done."""
+    """X runs and ends, Y takes the key, then the broker delivers X again: X stays done.
+    Also when X's message is that of its replacement (``tail_plain``), a task that is not
+    a UniqueTask."""
     run, key, stored = cell
     first, raw = capture(run, "success", key)
+    raw = as_task(raw, carried_by)
     deliver(run, raw)
     wait_for(lambda: spans(run, first) and spans(run, first)[0][1], "the job's first run")
     wait_for(lambda: run.store.get(stored) is None, "the release of the first job's key")

@@ -7,6 +7,7 @@ RabbitMQ. The store is always Redis db 9 (``redis_url``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -67,10 +68,22 @@ def _fresh_runtime(celery_app: Celery) -> Iterator[None]:
     Jobs a test leaves queued would otherwise reach the next test's worker first.
     """
     unique_config.reset(celery_app)
-    celery_app.control.purge()
+    _purge(celery_app)
     yield
-    celery_app.control.purge()
+    _purge(celery_app)
     unique_config.reset(celery_app)
+
+
+def _purge(app: Celery) -> None:
+    """Empty the app's queue, on a new connection if the broker dropped the first one."""
+    for attempt in range(3):
+        try:
+            app.control.purge()
+            return
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(1.0)
 
 
 def active_key(task_name: str, key: str) -> str:
