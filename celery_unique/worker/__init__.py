@@ -34,7 +34,7 @@ from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.checks.masking import redacted
 from celery_unique.config import configured_backend_url, runtime
-from celery_unique.worker import control, dropped, guard, leases, limits, runs
+from celery_unique.worker import alive, control, dropped, guard, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 
 logger = logging.getLogger("celery_unique")
@@ -76,6 +76,11 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
         )
 
 
+def _on_pool_child_start(**_: object) -> None:
+    for app in list(_installed):
+        alive.prepare(app)
+
+
 def _on_worker_set_up(instance: Any = None, **_: object) -> None:
     # After the worker's logging is set up (so that findings reach its log),
     # before its pool starts (so that a strict check stops it before any job).
@@ -100,6 +105,9 @@ def install(app: Celery) -> None:
     _installed.add(app)
     signals.worker_init.connect(
         _on_worker_init, weak=False, dispatch_uid="celery_unique.worker.prepare"
+    )
+    signals.worker_process_init.connect(
+        _on_pool_child_start, weak=False, dispatch_uid="celery_unique.worker.pool_child"
     )
 
 

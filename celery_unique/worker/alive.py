@@ -71,7 +71,10 @@ class Voucher(threading.Thread):
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        lease_ms = runtime(self.app).lease_ms
+        try:
+            lease_ms = runtime(self.app).lease_ms
+        except Exception:
+            return  # The app has no store (a misconfigured app): there is nothing to vouch.
         while not self.stopped.wait(interval_s(lease_ms)):
             self.vouch_once(lease_ms)
 
@@ -92,8 +95,11 @@ _vouchers: dict[tuple[int, int], Voucher] = {}
 _lock = threading.Lock()
 
 
-def started(app: Celery, hold: Hold) -> None:
-    """Vouch for the run ``hold.run`` of this process until :func:`ended`."""
+def prepare(app: Celery) -> Voucher:
+    """This process's voucher for ``app``, started if it was not.
+
+    A pool child prepares it when it starts: started on a job's first run, the
+    thread's start would count against that run's soft time limit."""
     slot = (id(app), os.getpid())
     voucher = _vouchers.get(slot)
     if voucher is None:
@@ -102,6 +108,12 @@ def started(app: Celery, hold: Hold) -> None:
             if voucher is None:
                 voucher = _vouchers[slot] = Voucher(app)
                 voucher.start()
+    return voucher
+
+
+def started(app: Celery, hold: Hold) -> None:
+    """Vouch for the run ``hold.run`` of this process until :func:`ended`."""
+    voucher = prepare(app)
     with voucher.lock:
         voucher.runs[str(hold.run)] = hold
 

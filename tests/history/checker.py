@@ -687,9 +687,9 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
 
 
 def _owed_and_lost(history: History, job_id: str, at: int, lease_ns: int) -> bool:
-    """Whether ``job_id`` is a run duplicates were owed that was never published because a
-    worker died (between taking the key over and publishing it), a lease or less before
-    ``at``."""
+    """Whether ``job_id`` is a run duplicates were owed whose publishing worker died after
+    they asked for it (between taking the key over and publishing it, or before it
+    recorded the publish), a lease or less before ``at``."""
     asked = [
         dispatch["t0"]
         for dispatch in history.of("dispatch")
@@ -698,7 +698,9 @@ def _owed_and_lost(history: History, job_id: str, at: int, lease_ns: int) -> boo
     ]
     if not asked:
         return False
-    return any(min(asked) <= kill <= at < kill + lease_ns for kill in _node_kills(history))
+    # The worker took the key over for it (dispatches are handed it from then on) and
+    # died before it published it, or before it recorded doing so.
+    return any(min(asked) <= kill and at < kill + lease_ns for kill in _node_kills(history))
 
 
 # -- I5 -------------------------------------------------------------------------------
