@@ -159,12 +159,9 @@ class UniqueMixin(_MixinBase):
             begun = runs.begin(self)
         except runs.StoreSilent as silent:
             raise runs.defer(self, silent) from None
-        if begun.holder is not None:
-            raise runs.stale(self, begun.holder)
-        if begun.wait_ms is not None:
-            raise runs.postpone(self, begun.wait_ms)
-        if begun.busy_ms is not None:
-            raise runs.wait_for_run(self, begun.busy_ms)
+        stop = runs.stop_before_body(self, begun)
+        if stop is not None:
+            raise stop
         if begun.arguments is not None:
             latest, kwargs = runs.latest_arguments(self, begun.arguments)
             args = tuple(latest)

@@ -79,26 +79,24 @@ def _on_prerun(sender: Any = None, task: Any = None, **_: Any) -> None:
             silent,
         )
         return
+    if stoppable:
+        setattr(task.request, STOP_FIELD, runs.stop_before_body(task, begun))
+        return
     if begun.holder is not None:
         why = f"its key is held by job {begun.holder} now"
     elif begun.busy_ms is not None:
         why = "another delivery of it runs on a live worker"
     else:
         return
-    if not stoppable:
-        logger.warning(
-            "job %s runs although %s: task %s cannot be stopped before its body",
-            task.request.id,
-            why,
-            task.name,
-        )
-    elif begun.holder is not None:
-        setattr(task.request, STOP_FIELD, runs.stale(task, begun.holder))
-    else:
-        setattr(task.request, STOP_FIELD, runs.wait_for_run(task, begun.busy_ms or 0))
+    logger.warning(
+        "job %s runs although %s: task %s cannot be stopped before its body",
+        task.request.id,
+        why,
+        task.name,
+    )
 
 
 def connect() -> None:
     from celery import signals
 
-    signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_unique.runs.prerun")
+    signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="celery_unique.guard.prerun")

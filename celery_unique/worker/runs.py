@@ -209,6 +209,19 @@ def wait_for_run(task: Any, busy_ms: int) -> Deferred:
     return Deferred(f"another delivery of the job runs; sent again, due in {wait_s:.1f} s")
 
 
+def stop_before_body(task: Any, begun: RunBegun) -> Ignore | None:
+    """What ends the delivery ``task`` runs before its body, if anything: its job's key
+    moved on (stale), its planned start is later, or another delivery of the job runs
+    (then the job is sent again for later)."""
+    if begun.holder is not None:
+        return stale(task, begun.holder)
+    if begun.wait_ms is not None:
+        return postpone(task, begun.wait_ms)
+    if begun.busy_ms is not None:
+        return wait_for_run(task, begun.busy_ms)
+    return None
+
+
 def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]:
     """The arguments the job's latest duplicate left, now the run's (and its retries')."""
     args, kwargs = decode_arguments(task.app, stored)
