@@ -163,24 +163,25 @@ def _start_waiting(
     deadline = time.monotonic() + STORE_WAIT_S
     gaps = iter(_RETRY_GAPS_S)
     failed: BackendUnavailable | None = None
-    while True:
-        try:
-            return store.begin_run(job_id, key, start)
-        except BackendUnavailable as exc:
-            if not patient:
-                raise
-            failed = exc
-        except SoftTimeLimitExceeded as exc:
-            # The limit struck while this run waited for the store, before its
-            # body: the job did not overrun, the store did. Defer it, even if no
-            # answer failed yet: the store may have taken the mark, and handed
-            # this run the one owed to the job's duplicates, which must not be
-            # lost with a run that never was.
-            raise StoreSilent(str(failed or "no answer before the soft time limit")) from exc
-        gap = next(gaps, _RETRY_GAPS_S[-1])
-        if time.monotonic() + gap > deadline:
-            raise StoreSilent(str(failed)) from failed
-        time.sleep(gap)
+    try:
+        while True:
+            try:
+                return store.begin_run(job_id, key, start)
+            except BackendUnavailable as exc:
+                if not patient:
+                    raise
+                failed = exc
+            gap = next(gaps, _RETRY_GAPS_S[-1])
+            if time.monotonic() + gap > deadline:
+                raise StoreSilent(str(failed)) from failed
+            time.sleep(gap)
+    except SoftTimeLimitExceeded as exc:
+        # The limit struck while this run waited for the store (in a call, or
+        # between two), before its body: the job did not overrun, the store did.
+        # Defer it, even if no answer failed yet: the store may have taken the
+        # mark, and handed this run the one owed to the job's duplicates, which
+        # must not be lost with a run that never was.
+        raise StoreSilent(str(failed or "no answer before the soft time limit")) from exc
 
 
 def postpone(task: Any, wait_ms: int) -> Deferred:

@@ -17,7 +17,9 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
 
-from celery_unique.worker import limits
+from celery_unique.exceptions import BackendUnavailable
+from celery_unique.stores.base import RunStart, Scope
+from celery_unique.worker import limits, runs
 
 
 @pytest.fixture
@@ -104,3 +106,29 @@ def test_once_the_body_ended_a_limit_only_notes_its_strike(soft_limit: None) -> 
     limits._rearm()
     with pytest.raises(SoftTimeLimitExceeded):
         _send_limit()
+
+
+class _SilentStore:
+    """A store that never answers the start of a run (a fake: only ``begin_run`` is asked)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def begin_run(self, job_id: str, key: str, start: object) -> object:
+        self.asked += 1
+        if self.asked == 1:
+            # Strikes while the run sleeps before asking again.
+            threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        raise BackendUnavailable("no answer")
+
+
+def test_a_limit_striking_between_two_asks_of_a_silent_store_defers_the_run(
+    soft_limit: None,
+) -> None:
+    """Struck while the run waits to ask the store again, before its body: the run is
+    deferred (sent again), not failed with its job lost (a 30-minute RabbitMQ run)."""
+    store = _SilentStore()
+    start = RunStart("r1", Scope.ACTIVE, "t", 60_000)
+    with pytest.raises(runs.StoreSilent):
+        runs._start_waiting(store, "j1", "k", start, patient=True)  # type: ignore[arg-type]
+    assert store.asked == 1
