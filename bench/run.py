@@ -387,19 +387,27 @@ def measure_hashing(rounds: int) -> dict[str, Any]:
 CONCURRENCY = (("threads", 8), ("gevent", 200))
 
 
+def run_script(name: str, *args: str) -> dict[str, Any]:
+    """What ``bench/<name>`` prints as JSON, run in a process of its own; or its error."""
+    script = Path(__file__).resolve().parent / name
+    done = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def measure_concurrency(base_url: str, quick: bool, say: Callable[[str], None]) -> dict[str, Any]:
     """Each mode run by ``bench/concurrency.py`` in a process of its own (gevent patches it)."""
-    script = Path(__file__).resolve().parent / "concurrency.py"
     out: dict[str, Any] = {}
     for mode, workers in CONCURRENCY:
         say(f"concurrency: {workers} {mode}")
-        command = [sys.executable, str(script), "--mode", mode, "--workers", str(workers)]
-        command += ["--redis", base_url, *(["--quick"] if quick else [])]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            out[mode] = {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
-            continue
-        out[mode] = json.loads(done.stdout)
+        out[mode] = run_script(
+            "concurrency.py", "--mode", mode, "--workers", str(workers), "--redis", base_url,
+            *(["--quick"] if quick else []),
+        )  # fmt: skip
     return out
 
 
@@ -455,6 +463,21 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
              mine["ratio"] >= 0.85 and mine["failed"] == 0
              and all(mine["per_s"] > peer["per_s"] for peer in peers))
         )  # fmt: skip
+    cluster = report["cluster"]
+    if "error" in cluster:
+        out += [(f"Redis Cluster: {what}", str(cluster["error"]), None)
+                for what in ("keys spread", "round trips")]  # fmt: skip
+    else:
+        shards = cluster["distribution"].values()
+        spread = max(shards) / min(shards)
+        trips = cluster["round_trips"]
+        out += [
+            ("Redis Cluster: 100,000 keys over 3 shards, max/min <= 1.2", f"{spread:.3f}",
+             len(shards) == 3 and spread <= 1.2),
+            ("Redis Cluster: 1 round trip per dispatch, <= 1 per shard per dispatch_many(1000)",
+             f"{trips['single dispatch']} and {trips['dispatch_many of 1,000']}",
+             trips["single dispatch"] == 1 and trips["dispatch_many of 1,000"] <= 3),
+        ]  # fmt: skip
     flat = latency["full"]["median_us"] / latency["empty"]["median_us"]
     out.append(
         ("hashing 1 MiB: Payload().key <= 2x json.dumps+sha256", f"{hashing['ratio']:.2f}x",
@@ -548,6 +571,17 @@ def print_report(report: dict[str, Any]) -> None:
                 for cell in measured["rows"].values()
             )
         )
+    cluster = report["cluster"]
+    if "error" in cluster:
+        print(f"Redis Cluster: failed: {cluster['error']}")
+    else:
+        print(
+            f"Redis Cluster, {cluster['producers']} producer processes, "
+            f"{cluster['dispatches']:,} created dispatches per row x {cluster['rounds']} rounds: "
+            + "; ".join(f"{name} {rate:,.0f}/s" for name, rate in cluster["throughput"].items())
+            + "; 100,000 keys per shard: "
+            + ", ".join(f"{count:,}" for count in cluster["distribution"].values())
+        )
     h = report["hashing"]
     print(
         f"hashing {h['payload_bytes']:,} B payload: Payload().key {h['payload_key_ms']:.1f} ms vs "
@@ -594,6 +628,8 @@ def main() -> None:
     say("hashing")
     hashed = measure_hashing(profile.hash_rounds)
     concurrency = measure_concurrency(options.redis, options.quick, say)
+    say("Redis Cluster")
+    cluster = run_script("cluster.py", "--redis", options.redis, *(["--quick"] * options.quick))
     for client in (bench.broker, bench.store, full.store):
         client.flushdb()
     report: dict[str, Any] = {
@@ -621,6 +657,7 @@ def main() -> None:
         "latency": latency,
         "hashing": hashed,
         "concurrency": concurrency,
+        "cluster": cluster,
         "load_average_end": [round(x, 2) for x in __import__("os").getloadavg()],
         "seconds": time.perf_counter() - started,
     }

@@ -17,7 +17,7 @@ from celery import Celery
 
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
-from celery_unique.keyspace import validate_namespace
+from celery_unique.keyspace import SPREADS, validate_namespace
 from celery_unique.recently_held import RecentlyHeld
 from celery_unique.stores import open_store
 from celery_unique.stores.base import Store
@@ -32,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_lease": timedelta(hours=1),
     "unique_strict_checks": False,
     "unique_colocated": "auto",
+    "unique_key_spread": "namespace",
 }
 
 _lock = threading.Lock()
@@ -47,6 +48,8 @@ class Runtime:
     lease_ms: int | None
     #: ``result_expires`` in ms: how long ``exists`` keys outlive their job by default.
     default_retention_ms: int | None
+    #: ``unique_key_spread = "key"``: keys scoped to a task get hash tags of their own.
+    spread_keys: bool = False
     pid: int = field(default_factory=os.getpid)
     _store: Store | None = None
     #: Set while the store is unreachable under fail-open, to warn once per outage.
@@ -98,6 +101,11 @@ def _build(app: Celery) -> Runtime:
     colocated = setting(app, "unique_colocated")
     if colocated not in ("auto", True, False):
         raise ImproperlyConfigured(f'unique_colocated must be "auto" or False, not {colocated!r}')
+    spread = setting(app, "unique_key_spread")
+    if spread not in SPREADS:
+        raise ImproperlyConfigured(
+            f'unique_key_spread must be "namespace" or "key", not {spread!r}'
+        )
     return Runtime(
         backend_url=_backend_url(app),
         namespace=validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery")),
@@ -105,6 +113,7 @@ def _build(app: Celery) -> Runtime:
         lease_ms=lease_ms or None,
         # Celery reads a result_expires of 0 or None as "never expire".
         default_retention_ms=retention_ms or None,
+        spread_keys=spread == "key",
     )
 
 

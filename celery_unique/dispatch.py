@@ -155,10 +155,17 @@ def plan(
             cached.append(json_payload(arguments))
         return cached[0]
 
+    # Spread keys: both keys of one dispatch must share a hash slot, so a task that
+    # declares a window key spreads its keys by task, any other task by key.
+    by_task = declaration.window_key is not None
+
     def stored(kind: str, spec: KeySpec, option: str) -> tuple[str, str]:
         key = spec.resolve(option, view, payload)
         scope = "" if spec.unscoped or not prefix else task.name
-        return keyspace.storage_key(rt.namespace, kind, scope, key), keyspace.display_key(
+        tag = None
+        if rt.spread_keys and scope:
+            tag = keyspace.task_tag(scope) if by_task else keyspace.key_tag(scope, key)
+        return keyspace.storage_key(rt.namespace, kind, scope, key, tag=tag), keyspace.display_key(
             scope, key
         )
 
@@ -184,6 +191,14 @@ def plan(
     window = choose(
         declaration.window_key, dispatch_window_key, keyspace.WINDOW, "unique_window_key"
     )
+
+    if active and window and keyspace.hash_tag(active[0]) != keyspace.hash_tag(window[0]):
+        raise UnsupportedCombination(
+            f"{task.name} is given an active key and a window key that would sit in two "
+            "hash slots (unique_key_spread='key'): a task decides both kinds at once only "
+            "if it declares its unique_window_key, and either both keys are scoped to it "
+            "or neither is"
+        )
 
     scope = declaration.scope
     if dispatch_scope is not None:

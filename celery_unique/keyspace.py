@@ -7,10 +7,18 @@ slot (one decision may touch an active and a window key); ``<scope>`` is the
 task name, or empty for keys shared by every task (``unique_prefix=False``);
 the unit separator cannot occur in a valid key, so no two (scope, key) pairs
 ever share a storage key.
+
+With ``unique_key_spread = "key"`` a key scoped to its task reads
+``unique:v1:<namespace>:{<tag>}:<kind>:<scope>\\x1f<key>`` instead, its hash
+tag a digest of its scope and key (:func:`key_tag`), or of its task alone when
+the task declares a window key (:func:`task_tag`: both keys of one dispatch
+must share a slot). Keys shared by every task keep the namespace's tag. A
+namespace cannot contain braces, so the two forms never read the same.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from celery_unique.exceptions import ImproperlyConfigured, InvalidJobId, InvalidKey
@@ -91,12 +99,44 @@ def validate_namespace(namespace: str) -> str:
 
 
 def namespace_prefix(namespace: str) -> str:
+    """The prefix of every key of ``namespace`` that carries the namespace's hash tag."""
     return f"{PREFIX}{{{namespace}}}:"
 
 
-def storage_key(namespace: str, kind: str, scope: str, key: str) -> str:
-    """The key as stored: versioned, namespaced, scoped to a task name (or not)."""
-    return f"{PREFIX}{{{namespace}}}:{kind}:{scope}{SEPARATOR}{key}"
+def namespace_prefixes(namespace: str) -> tuple[str, str]:
+    """The prefixes of every key of ``namespace``: with its hash tag, and spread."""
+    return namespace_prefix(namespace), f"{PREFIX}{namespace}:{{"
+
+
+#: The values of ``unique_key_spread``.
+SPREADS = ("namespace", "key")
+
+
+def key_tag(scope: str, key: str) -> str:
+    """The hash tag of a key spread on its own: a digest, as a key may contain braces."""
+    return hashlib.blake2b(f"{scope}{SEPARATOR}{key}".encode(), digest_size=6).hexdigest()
+
+
+def task_tag(scope: str) -> str:
+    """The hash tag of every key of a task that decides two kinds of key together."""
+    return "t" + hashlib.blake2b(scope.encode(), digest_size=6).hexdigest()
+
+
+def storage_key(namespace: str, kind: str, scope: str, key: str, *, tag: str | None = None) -> str:
+    """The key as stored: versioned, namespaced, scoped to a task name (or not).
+
+    ``tag`` is the key's own hash tag (:func:`key_tag`, :func:`task_tag`);
+    without one, every key of the namespace shares the namespace's.
+    """
+    if tag is None:
+        return f"{PREFIX}{{{namespace}}}:{kind}:{scope}{SEPARATOR}{key}"
+    return f"{PREFIX}{namespace}:{{{tag}}}:{kind}:{scope}{SEPARATOR}{key}"
+
+
+def hash_tag(stored: str) -> str:
+    """The part of a storage key that Redis Cluster hashes to choose its slot."""
+    start = stored.index("{") + 1
+    return stored[start : stored.index("}", start)]
 
 
 def display_key(scope: str, key: str) -> str:
@@ -105,9 +145,13 @@ def display_key(scope: str, key: str) -> str:
 
 
 def split_storage_key(stored: str) -> tuple[str, str, str, str]:
-    """``(namespace, kind, scope, key)`` of a storage key."""
+    """``(namespace, kind, scope, key)`` of a storage key, in either form."""
     rest = stored[len(PREFIX) :]
-    namespace, _, rest = rest.partition("}:")
+    if rest.startswith("{"):
+        namespace, _, rest = rest[1:].partition("}:")
+    else:
+        namespace, _, rest = rest.partition(":{")
+        rest = rest.partition("}:")[2]
     kind, _, rest = rest.partition(":")
     scope, _, key = rest.partition(SEPARATOR)
-    return namespace.lstrip("{"), kind, scope, key
+    return namespace, kind, scope, key

@@ -170,9 +170,11 @@ def format_ms(ms: int | None) -> str:
     return " ".join(parts[:2])
 
 
-def _prefix(app: Celery, kind: KeyKind | None = None) -> str:
-    prefix = keyspace.namespace_prefix(runtime(app).namespace)
-    return prefix if kind is None else f"{prefix}{_KIND_CHARS[kind]}:"
+def _prefixes(app: Celery, kind: KeyKind | None = None) -> tuple[str, str]:
+    """Where the namespace's keys (of ``kind``) start: with the namespace's hash tag, and
+    spread (whose kind follows their own tag: the store filters those)."""
+    tagged, spread = keyspace.namespace_prefixes(runtime(app).namespace)
+    return (tagged if kind is None else f"{tagged}{_KIND_CHARS[kind]}:"), spread
 
 
 def parse_kind(kind: KeyKind | str | None) -> KeyKind | None:
@@ -183,8 +185,10 @@ def parse_kind(kind: KeyKind | str | None) -> KeyKind | None:
 def iter_keys(app: Celery, *, kind: KeyKind | str | None = None) -> Iterator[KeyInfo]:
     """Every key of the app's namespace, in the store's order."""
     wanted = parse_kind(kind)
-    for held in runtime(app).store.scan(kind=wanted, prefix=_prefix(app, wanted)):
-        yield KeyInfo.of(held)
+    store = runtime(app).store
+    for prefix in _prefixes(app, wanted):
+        for held in store.scan(kind=wanted, prefix=prefix):
+            yield KeyInfo.of(held)
 
 
 def list_keys(
@@ -229,22 +233,28 @@ def candidate_storage_keys(namespace: str, key: str, kind: KeyKind | None = None
     A storage key stands for itself (none, if it is another namespace's).
     Otherwise ``key`` is read as a bare key shared across tasks and as
     ``<task name>:<key>`` split at each ``:`` (task names may contain ``:``
-    themselves), for each kind.
+    themselves), for each kind, with the namespace's hash tag and spread.
     """
     if key.startswith(keyspace.PREFIX):
         if keyspace.SEPARATOR not in key:
             key = key.replace(ESCAPED_SEPARATOR, keyspace.SEPARATOR, 1)
-        return [key] if key.startswith(keyspace.namespace_prefix(namespace)) else []
+        return [key] if key.startswith(keyspace.namespace_prefixes(namespace)) else []
     splits = [("", key)] + [
         (key[:at], key[at + 1 :])
         for at, char in enumerate(key)
         if char == ":" and 0 < at < len(key) - 1
     ]
     kinds = [kind] if kind is not None else [KeyKind.ACTIVE, KeyKind.WINDOW]
+    readings: list[tuple[str, str, str | None]] = [(scope, rest, None) for scope, rest in splits]
+    # A key scoped to a task may be spread (unique_key_spread="key"), under a tag
+    # of its own or of its task's.
+    for scope, rest in splits[1:]:
+        readings += [(scope, rest, keyspace.key_tag(scope, rest))]
+        readings += [(scope, rest, keyspace.task_tag(scope))]
     return [
-        keyspace.storage_key(namespace, _KIND_CHARS[each], scope, rest)
+        keyspace.storage_key(namespace, _KIND_CHARS[each], scope, rest, tag=tag)
+        for scope, rest, tag in readings
         for each in kinds
-        for scope, rest in splits
     ]
 
 

@@ -55,18 +55,21 @@ def unique_store(
 
 def held_keys(app: Celery, kind: KeyKind | None = None) -> list[HeldKey]:
     """Every key the app's store holds now in the app's namespace, sorted by key."""
-    from celery_unique.keyspace import namespace_prefix
+    from celery_unique.keyspace import namespace_prefixes
 
     rt = config.runtime(app)
     return sorted(
-        rt.store.scan(kind=kind, prefix=namespace_prefix(rt.namespace)), key=lambda h: h.key
+        (
+            held
+            for prefix in namespace_prefixes(rt.namespace)
+            for held in rt.store.scan(kind=kind, prefix=prefix)
+        ),
+        key=lambda h: h.key,
     )
 
 
 def reset_store(app: Celery) -> None:
     """Forget every key of the app's namespace (between tests sharing one store)."""
-    from celery_unique.keyspace import namespace_prefix
-
     rt = config.runtime(app)
-    for held in list(rt.store.scan(prefix=namespace_prefix(rt.namespace))):
+    for held in held_keys(app):
         rt.store.delete(held.key)

@@ -129,6 +129,62 @@ class RedisServer:
         self.process = None
 
 
+def free_cluster_port() -> int:
+    """A free port whose cluster-bus port (+10000) is free too, both below the ephemeral range."""
+    for _ in range(100):
+        port = random.randrange(20_000, 22_700)
+        with socket.socket() as node, socket.socket() as bus:
+            try:
+                node.bind((HOST, port))
+                bus.bind((HOST, port + 10_000))
+            except OSError:
+                continue
+            return port
+    pytest.fail("no free pair of ports for a cluster node")
+
+
+class RedisCluster:
+    """A Redis Cluster of ``masters`` ``redis-server`` s (no replicas), in ``directory``."""
+
+    def __init__(self, directory: Path, masters: int = 3) -> None:
+        self.nodes: list[RedisServer] = []
+        for _ in range(masters):
+            port = free_cluster_port()
+            folder = directory / str(port)
+            folder.mkdir()
+            self.nodes.append(
+                RedisServer(port, folder, ["--cluster-enabled", "yes", "--cluster-config-file",
+                                           "nodes.conf"])
+            )  # fmt: skip
+
+    def url(self) -> str:
+        return f"redis+cluster://{HOST}:{self.nodes[0].port}/"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"{HOST}:{node.port}" for node in self.nodes]
+        first = str(self.nodes[0].port)
+        subprocess.run(
+            ["redis-cli", "-p", first, "--cluster", "create", *addresses,
+             "--cluster-replicas", "0", "--cluster-yes"],
+            capture_output=True, check=True, timeout=60,
+        )  # fmt: skip
+
+        def ready() -> bool:
+            info = subprocess.run(
+                ["redis-cli", "-p", first, "cluster", "info"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return "cluster_state:ok" in info.stdout
+
+        polling.eventually(ready, timeout=SERVER_START_S, what="the cluster's slots")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop(signal.SIGTERM)
+
+
 def require_redis_server() -> None:
     """Skip (fail when ``CI=true``) without a ``redis-server`` binary to start."""
     if shutil.which("redis-server") is None:

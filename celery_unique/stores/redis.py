@@ -160,6 +160,8 @@ class RedisStore(Store):
         }
         self._pool = getattr(client, "connection_pool", None)
         self._lanes = Lanes(self._pool) if Lanes.suits(self._pool) else None
+        #: A cluster client: a script's keys must share a slot, and calls are split by slot.
+        self._cluster = self._pool is None
 
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
@@ -227,26 +229,107 @@ class RedisStore(Store):
         with self._commands():
             return self._scripts[name](keys=list(keys), args=list(args))
 
+    def _slot_groups(self, keys: Sequence[str]) -> list[list[int]] | None:
+        """Indexes of ``keys`` grouped by hash slot, first seen first; ``None`` when one
+        call can take them all (a single server, or one slot)."""
+        if not self._cluster or len(keys) < 2:
+            return None
+        from redis.crc import key_slot
+
+        groups: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            groups.setdefault(key_slot(key.encode()), []).append(index)
+        return list(groups.values()) if len(groups) > 1 else None
+
+    def _call_per_slot(
+        self, name: str, calls: Sequence[tuple[list[str], list[str | int]]]
+    ) -> list[Any]:
+        """Run script ``name`` once per call (each call's keys in one slot of a cluster):
+        one pipeline, one round trip, per node that serves any of them.
+
+        redis-py's cluster pipeline refuses scripts, so each node's own client
+        carries them; a call the node cannot run (its slot moved, the script is
+        not loaded there) did not run, and goes again through the cluster
+        client, which follows the cluster.
+        """
+        redis = self._redis
+        script = self._scripts[name]
+        nodes: dict[str, tuple[Any, list[int]]] = {}
+        replies: list[Any] = [None] * len(calls)
+        with self._commands():
+            for index, (keys, _) in enumerate(calls):
+                node = self.client.get_node_from_key(keys[0])  # type: ignore[union-attr]
+                nodes.setdefault(node.name, (node, []))[1].append(index)
+            for node, indexes in nodes.values():
+                with node.redis_connection.pipeline(transaction=False) as pipe:
+                    for index in indexes:
+                        keys, args = calls[index]
+                        pipe.evalsha(script.sha, len(keys), *keys, *args)
+                    answers = pipe.execute(raise_on_error=False)
+                for index, answer in zip(indexes, answers, strict=True):
+                    if isinstance(
+                        answer, (redis.exceptions.NoScriptError, redis.exceptions.AskError)
+                    ):
+                        keys, args = calls[index]
+                        answer = script(keys=keys, args=args)
+                    elif isinstance(answer, Exception):
+                        raise answer
+                    replies[index] = answer
+        return replies
+
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         return self.send_decide(claims, all_or_nothing=all_or_nothing).wait()
 
     def send_decide(
         self, claims: Sequence[Claim], *, all_or_nothing: bool = True
     ) -> PendingDecisions:
+        if self._cluster:
+            return DecidedAlready(self._decide_on_cluster(claims, all_or_nothing))
         keys, args = self._decide_arguments(claims, all_or_nothing)
-        if self._pool is None:
-            # Redis Cluster routes per command: no connection to hold on to, and no
-            # telling whether a request whose reply was lost was applied.
-            try:
-                reply = self._scripts["decide"](keys=keys, args=args)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                failure = unavailable(exc, maybe_applied=True)
-                cleanup.undo_decision(self, claims, failure)
-                raise failure from exc
-            return DecidedAlready(self._decisions(claims, reply))
         return _PendingScript(self, self._script_connection(), claims, keys, args)
+
+    def _decide_on_cluster(self, claims: Sequence[Claim], all_or_nothing: bool) -> list[Decision]:
+        """Decide on Redis Cluster: one script per hash slot the claims touch.
+
+        A claim's keys share a slot (the key layout sees to it). Claims of one
+        slot are decided together, in order; when an all-or-nothing batch is
+        refused in one slot, what the others created is rolled back.
+        """
+        groups = self._slot_groups([claim_keys(claim)[0] for claim in claims]) or [
+            list(range(len(claims)))
+        ]
+        parts = [[claims[index] for index in group] for group in groups]
+        calls = [self._decide_arguments(part, all_or_nothing) for part in parts]
+        try:
+            if len(calls) == 1:
+                # Redis Cluster routes per command: no connection to hold on to, and
+                # no telling whether a request whose reply was lost was applied.
+                with self._commands():
+                    replies = [self._scripts["decide"](keys=calls[0][0], args=calls[0][1])]
+            else:
+                replies = self._call_per_slot("decide", calls)
+        except BackendUnavailable as failure:
+            failure.maybe_applied = True
+            cleanup.undo_decision(self, claims, failure)
+            raise
+        decisions: list[Decision | None] = [None] * len(claims)
+        refused = False
+        for group, part, reply in zip(groups, parts, replies, strict=True):
+            decided = self._decisions(part, reply)
+            refused = refused or any(decision.verdict.failed for decision in decided)
+            for index, decision in zip(group, decided, strict=True):
+                decisions[index] = decision
+        if refused and all_or_nothing and len(parts) > 1:
+            created = [
+                claim
+                for claim, decision in zip(claims, decisions, strict=True)
+                if decision is not None and decision.verdict is Verdict.CREATED
+            ]
+            try:
+                self.rollback_many(created)
+            except BackendUnavailable:
+                cleanup.roll_back(self, created)  # again in the background, until it lands
+        return [decision for decision in decisions if decision is not None]
 
     def _script_connection(self) -> _Borrowed | Lane:
         """The dispatching thread's own connection, else one lent by the pool."""
@@ -344,13 +427,35 @@ class RedisStore(Store):
                 "" if keep is None else _SPECIAL_KEEPS.get(keep, keep),
                 release.run or "",
             ]
-        reply = _text(self._call("release", [r.key for r in releases], args))
-        return [flag == "1" for flag in reply]
+        keys = [release.key for release in releases]
+        groups = self._slot_groups(keys)
+        if groups is None:
+            return [flag == "1" for flag in _text(self._call("release", keys, args))]
+        calls = [
+            ([keys[i] for i in group], [arg for i in group for arg in args[3 * i : 3 * i + 3]])
+            for group in groups
+        ]
+        released = [False] * len(releases)
+        for group, reply in zip(groups, self._call_per_slot("release", calls), strict=True):
+            for index, flag in zip(group, _text(reply), strict=True):
+                released[index] = flag == "1"
+        return released
 
     def rollback(self, claim: Claim) -> None:
         self.rollback_many([claim])
 
     def rollback_many(self, claims: Sequence[Claim]) -> None:
+        if not claims:
+            return
+        groups = self._slot_groups([claim_keys(claim)[0] for claim in claims])
+        if groups is None:
+            self._call("rollback", *self._rollback_arguments(claims))
+            return
+        calls = [self._rollback_arguments([claims[i] for i in group]) for group in groups]
+        self._call_per_slot("rollback", calls)
+
+    @staticmethod
+    def _rollback_arguments(claims: Sequence[Claim]) -> tuple[list[str], list[str | int]]:
         keys: list[str] = []
         args: list[str | int] = [len(claims)]
         for claim in claims:
@@ -358,8 +463,7 @@ class RedisStore(Store):
             keys += mine
             has_active = "1" if claim.active is not None else "0"
             args += [claim.job_id, claim.handoff_from or "", has_active, len(mine)]
-        if keys:
-            self._call("rollback", keys, args)
+        return keys, args
 
     def forget_decision(self, claims: Sequence[Claim], error: BackendUnavailable) -> bool:
         """Kill the connection that carried the lost request, then roll its claims back.
@@ -415,11 +519,19 @@ class RedisStore(Store):
     ) -> int:
         if not holds:
             return 0
-        keys = [hold.key for hold in holds]
-        args: list[str | int] = [_ms(lease_ms), _ms(alive_ms)]
-        for hold in holds:
-            args += [hold.job_id, hold.run or ""]
-        return int(self._call("renew", keys, args))
+        head: list[str | int] = [_ms(lease_ms), _ms(alive_ms)]
+
+        def arguments(part: Sequence[Hold]) -> tuple[list[str], list[str | int]]:
+            args = list(head)
+            for hold in part:
+                args += [hold.job_id, hold.run or ""]
+            return [hold.key for hold in part], args
+
+        groups = self._slot_groups([hold.key for hold in holds])
+        if groups is None:
+            return int(self._call("renew", *arguments(holds)))
+        calls = [arguments([holds[i] for i in group]) for group in groups]
+        return sum(int(reply) for reply in self._call_per_slot("renew", calls))
 
     def get(self, key: str) -> HeldKey | None:
         with self._commands(), self.client.pipeline(transaction=True) as pipe:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from celery_unique import keyspace
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,
@@ -670,3 +671,71 @@ def test_a_late_mark_of_a_copy_leaves_a_vouched_run_alone(store: Store) -> None:
     held = store.get(A)
     assert held is not None
     assert held.run == "r1"
+
+
+# Keys spread over hash slots (unique_key_spread="key"): on Redis Cluster each
+# multi-key call is split by slot; every store must give the same answers.
+
+
+def spread(key: str, kind: str = keyspace.ACTIVE) -> str:
+    """``tasks.sync``'s ``key`` laid out with a hash tag of its own."""
+    return keyspace.storage_key(
+        "ns", kind, "tasks.sync", key, tag=keyspace.key_tag("tasks.sync", key)
+    )
+
+
+def synced(job: str, key: str) -> Claim:
+    return Claim(job_id=job, task="tasks.sync", active=ActiveClaim(key, Scope.ACTIVE, LONG))
+
+
+def test_a_batch_of_spread_keys_sees_earlier_items_of_each_key(store: Store) -> None:
+    """200 keys, then a duplicate of each of the first 100: each duplicate reuses its key's
+    job, whatever slot its key is in."""
+    keys = [spread(f"k{n}") for n in range(200)]
+    claims = [synced(f"j{n}", key) for n, key in enumerate(keys)]
+    claims += [synced(f"dup{n}", keys[n]) for n in range(100)]
+    decisions = store.decide(claims)
+    assert [d.verdict for d in decisions[:200]] == [Verdict.CREATED] * 200
+    assert [(d.verdict, d.job_id) for d in decisions[200:]] == [
+        (Verdict.REUSED_ACTIVE, f"j{n}") for n in range(100)
+    ]
+    assert [store.get(key).job_id for key in keys] == [f"j{n}" for n in range(200)]  # type: ignore[union-attr]
+
+
+def test_a_batch_of_spread_keys_refused_anywhere_writes_nothing(store: Store) -> None:
+    """All or nothing: one window conflict, and no other item's key is held afterwards."""
+    window = spread("req-1", keyspace.WINDOW)
+    store.decide([Claim("w0", "tasks.sync", window=WindowClaim(window, LONG, "fp1", "p"))])
+    keys = [spread(f"k{n}") for n in range(60)]
+    refused = Claim("w1", "tasks.sync", window=WindowClaim(window, LONG, "fp2", "p"))
+    decisions = store.decide([synced(f"j{n}", key) for n, key in enumerate(keys)] + [refused])
+    assert decisions[-1].verdict is Verdict.CONFLICT
+    assert [key for key in keys if store.get(key) is not None] == []
+    assert store.get(window).job_id == "w0"  # type: ignore[union-attr]
+
+
+def test_a_batch_of_spread_keys_going_on_after_a_conflict_keeps_the_others(store: Store) -> None:
+    """Without all-or-nothing, a conflict leaves every other item's key written."""
+    window = spread("req-1", keyspace.WINDOW)
+    store.decide([Claim("w0", "tasks.sync", window=WindowClaim(window, LONG, "fp1", "p"))])
+    keys = [spread(f"k{n}") for n in range(60)]
+    refused = Claim("w1", "tasks.sync", window=WindowClaim(window, LONG, "fp2", "p"))
+    claims = [synced(f"j{n}", key) for n, key in enumerate(keys)] + [refused]
+    decisions = store.decide(claims, all_or_nothing=False)
+    assert [d.verdict for d in decisions] == [Verdict.CREATED] * 60 + [Verdict.CONFLICT]
+    assert all(store.get(key) is not None for key in keys)
+
+
+def test_renewals_releases_and_rollbacks_of_spread_keys(store: Store) -> None:
+    """Each call on many keys reaches every key it names, once."""
+    keys = [spread(f"k{n}") for n in range(90)]
+    claims = [synced(f"j{n}", key) for n, key in enumerate(keys)]
+    store.decide(claims)
+    holds = [Hold(f"j{n}", key) for n, key in enumerate(keys)]
+    assert store.renew_many([*holds, Hold("someone-else", keys[0])], 3_600_000) == 90
+    assert all(store.get(key).expires_in_ms > LONG for key in keys)  # type: ignore[union-attr,operator]
+    released = store.release_many([Release(f"j{n}", key) for n, key in enumerate(keys[:30])])
+    assert released == [True] * 30
+    assert store.release_many([Release("j0", keys[0]), Release("j31", keys[31])]) == [False, True]
+    store.rollback_many(claims)
+    assert [key for key in keys if store.get(key) is not None] == []

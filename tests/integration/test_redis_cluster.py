@@ -1,74 +1,29 @@
-"""The Redis store on a real three-node Redis Cluster passes the whole store contract.
+"""The Redis store on a real three-node Redis Cluster: the whole store contract, and keys
+spread across the cluster's shards (``unique_key_spread = "key"``).
 
-Every script's keys share the namespace's hash tag, so each call lands on one
-slot; a cluster refuses any script that touches keys of two slots, so this
-suite failing would show a layout mistake at once.
+A cluster refuses any script that touches keys of two slots, so these tests
+failing would show a layout or grouping mistake at once.
 """
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+import redis.client
+from celery import Celery
 
-from celery_unique.stores.base import Store
+from celery_unique import Disposition, UniqueTask, UnsupportedCombination, dispatch_many, keyspace
+from celery_unique import config as unique_config
+from celery_unique.stores.base import (
+    Store,
+)
 from celery_unique.stores.redis import RedisStore
+from celery_unique.testing import held_keys
 from tests.conftest import in_ci
 from tests.contract import test_store_contract as contract
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """Node ports whose cluster-bus port (+10000) is free too, both below the ephemeral range.
-
-    Below 32768 no outgoing connection can take a port between the probe and
-    the server's bind.
-    """
-    rng = random.Random()
-    ports: list[int] = []
-    while len(ports) < count:
-        port = rng.randrange(20_000, 22_700)
-        if port not in ports and _bindable(port) and _bindable(port + 10_000):
-            ports.append(port)
-    return ports
-
-
-def _cli(port: int, *args: str) -> str:
-    command = ["redis-cli", "-p", str(port), *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=30).stdout
-
-
-def _start_node(port: int, folder: Path) -> subprocess.Popen[bytes]:
-    folder.mkdir()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-         "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-         "--save", "", "--appendonly", "no", "--logfile", "redis.log"],
-        cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while _cli(port, "ping").strip() != "PONG":
-        if server.poll() is not None or time.monotonic() > deadline:
-            log = folder / "redis.log"
-            detail = log.read_text() if log.exists() else "(no log)"
-            server.kill()
-            pytest.fail(f"redis-server on port {port} did not start:\n{detail}")
-        time.sleep(0.05)
-    return server
+from tests.processes import RedisCluster
 
 
 @pytest.fixture(scope="module")
@@ -79,24 +34,12 @@ def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
-    root: Path = tmp_path_factory.mktemp("cluster")
-    ports = _free_ports(3)
-    servers: list[subprocess.Popen[bytes]] = []
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster"))
     try:
-        for port in ports:
-            servers.append(_start_node(port, root / str(port)))
-        nodes = [f"127.0.0.1:{port}" for port in ports]
-        _cli(ports[0], "--cluster", "create", *nodes, "--cluster-replicas", "0", "--cluster-yes")
-        deadline = time.monotonic() + 20
-        while "cluster_state:ok" not in _cli(ports[0], "cluster", "info"):
-            assert time.monotonic() < deadline, "the cluster did not become ready"
-            time.sleep(0.1)
-        yield f"redis+cluster://127.0.0.1:{ports[0]}/"
+        cluster.start()
+        yield cluster.url()
     finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(timeout=10)
+        cluster.stop()
 
 
 @pytest.fixture
@@ -115,3 +58,115 @@ CONTRACT = [name for name in dir(contract) if name.startswith("test_")]
 def test_contract_on_redis_cluster(name: str, store: Store) -> None:
     """Each contract test holds on a Redis Cluster."""
     getattr(contract, name)(store)
+
+
+# Keys spread across the shards ------------------------------------------------
+
+
+def nodes_of(store: RedisStore, keys: list[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key in keys:
+        name = store.client.get_node_from_key(key).name  # type: ignore[union-attr]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+@pytest.fixture
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many commands each pipeline sent to a node: one entry per round trip."""
+    sent: list[int] = []
+    execute = redis.client.Pipeline.execute
+
+    def counted(self: redis.client.Pipeline, *args: object, **kwargs: object) -> object:
+        sent.append(len(self.command_stack))
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counted)
+    return sent
+
+
+def test_spread_keys_fall_evenly_on_the_three_shards(store: RedisStore) -> None:
+    """100,000 keys of one task: the busiest shard holds at most 1.2 times the quietest."""
+    counts = nodes_of(store, [contract.spread(f"customer:{n}") for n in range(100_000)])
+    assert len(counts) == 3
+    assert max(counts.values()) / min(counts.values()) <= 1.2, counts
+
+
+def test_a_batch_across_slots_takes_one_round_trip_per_shard(
+    store: RedisStore, round_trips: list[int]
+) -> None:
+    """300 claims over three shards: one pipeline per shard, one script per slot."""
+    keys = [contract.spread(f"k{n}") for n in range(200)]
+    claims = [contract.synced(f"j{n}", key) for n, key in enumerate(keys)]
+    claims += [contract.synced(f"dup{n}", keys[n]) for n in range(100)]
+    decisions = store.decide(claims)
+    assert len(decisions) == 300
+    assert len(nodes_of(store, keys)) == 3
+    assert len(round_trips) == 3
+    assert sum(round_trips) == len({keyspace.hash_tag(key) for key in keys})
+
+
+@pytest.fixture
+def spread_app(cluster_url: str, store: RedisStore) -> Iterator[Celery]:
+    """An app whose store is the cluster, with its keys spread."""
+    app = Celery("spread", broker="memory://", set_as_current=False)
+    app.conf.update(
+        unique_backend=cluster_url,
+        unique_key_spread="key",
+        unique_namespace="spread",
+        task_ignore_result=True,
+    )
+    yield app
+    unique_config.reset(app)
+    app.close()
+
+
+def test_dispatches_spread_their_keys_over_every_shard(spread_app: Celery) -> None:
+    """A task's keys land on all three shards; a task that declares a window key keeps
+    both of its keys in its own slot; duplicates are reused, as without spreading."""
+
+    @spread_app.task(base=UniqueTask, shared=False, name="tasks.sync", unique_key=lambda n: str(n))
+    def sync(n: int) -> None:
+        return None
+
+    @spread_app.task(
+        base=UniqueTask,
+        shared=False,
+        name="tasks.order",
+        unique_key=lambda n: str(n),
+        unique_window_key=lambda n: f"req-{n}",
+        unique_window=60,
+    )
+    def order(n: int) -> None:
+        return None
+
+    receipts = dispatch_many([sync.s(n) for n in range(150)] + [sync.s(n) for n in range(50)])
+    assert [r.disposition for r in receipts] == [Disposition.CREATED] * 150 + [
+        Disposition.REUSED
+    ] * 50
+    assert sync.apply_async((7,)).id == receipts[7].id
+    first, again = order.apply_async((1,)), order.apply_async((1,))
+    assert again.id == first.id
+    store = unique_config.runtime(spread_app).store
+    assert isinstance(store, RedisStore)
+    held = [h.key for h in held_keys(spread_app)]
+    assert len(held) == 152
+    assert len(nodes_of(store, held)) == 3
+    assert {keyspace.hash_tag(k) for k in held if "tasks.order" in k} == {
+        keyspace.task_tag("tasks.order")
+    }
+
+
+def test_a_window_key_given_to_a_task_spread_by_key_is_refused_before_any_write(
+    spread_app: Celery,
+) -> None:
+    """Its two keys would sit in two slots: the dispatch is refused and nothing is held."""
+
+    @spread_app.task(base=UniqueTask, shared=False, name="tasks.sync", unique_key=lambda n: str(n))
+    def sync(n: int) -> None:
+        return None
+
+    with pytest.raises(UnsupportedCombination, match="two hash slots") as refused:
+        sync.apply_async((1,), unique_window_key="req-1", unique_window=60)
+    assert refused.value.code == "unsupported_combination"
+    assert held_keys(spread_app) == []

@@ -9,8 +9,12 @@ import pytest
 from celery_unique import InvalidKey
 from celery_unique.keyspace import (
     display_key,
+    hash_tag,
+    key_tag,
+    namespace_prefixes,
     split_storage_key,
     storage_key,
+    task_tag,
     validate_key,
 )
 
@@ -70,3 +74,34 @@ def test_display_key() -> None:
     """Users read keys as '<task>:<key>', or the bare key when unscoped."""
     assert display_key("tasks.send", "k") == "tasks.send:k"
     assert display_key("", "k") == "k"
+
+
+@pytest.mark.parametrize("key", ["user:1", "a}b{c", "{x}", "é 🎉"])
+def test_a_spread_key_has_a_tag_of_its_own_and_splits_back(key: str) -> None:
+    """A spread key's hash tag is a digest of its scope and key (braces in a key cannot
+    cut it short), outside the namespace's prefix, and the key reads back."""
+    stored = storage_key("billing", "a", "tasks.send", key, tag=key_tag("tasks.send", key))
+    assert hash_tag(stored) == key_tag("tasks.send", key)
+    assert re.fullmatch("[0-9a-f]{12}", hash_tag(stored))
+    assert stored.startswith(namespace_prefixes("billing")[1])
+    assert not stored.startswith(namespace_prefixes("billing")[0])
+    assert split_storage_key(stored) == ("billing", "a", "tasks.send", key)
+
+
+def test_spread_tags_differ_by_key_and_task_but_not_by_kind() -> None:
+    """Two keys of one task get two tags; a task's tag is one for all its keys."""
+    assert key_tag("t", "k1") != key_tag("t", "k2")
+    assert key_tag("t", "k") != key_tag("u", "k")
+    assert key_tag("t", "k") != task_tag("t")
+    active = storage_key("ns", "a", "t", "k1", tag=task_tag("t"))
+    window = storage_key("ns", "w", "t", "other", tag=task_tag("t"))
+    assert hash_tag(active) == hash_tag(window) == task_tag("t")
+
+
+def test_no_namespace_reads_another_namespaces_spread_keys() -> None:
+    """Namespace ``a`` never claims a key of namespace ``a:b``, nor the other way round."""
+    of_ab = storage_key("a:b", "a", "t", "k", tag=key_tag("t", "k"))
+    of_a = storage_key("a", "a", "t", "k", tag=key_tag("t", "k"))
+    assert not of_ab.startswith(namespace_prefixes("a"))
+    assert not of_a.startswith(namespace_prefixes("a:b"))
+    assert split_storage_key(of_ab)[0] == "a:b"

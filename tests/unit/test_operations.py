@@ -152,6 +152,36 @@ def test_show_accepts_display_bare_and_storage_spellings(app: Celery) -> None:
     assert operations.candidate_storage_keys(runtime(app).namespace, elsewhere) == []
 
 
+def test_spread_keys_are_listed_shown_and_released_like_the_others(app: Celery) -> None:
+    """Keys spread by key or by task (unique_key_spread="key") are found by their display
+    key and by their storage key, listed with the namespace's other keys, and released."""
+    namespace = runtime(app).namespace
+    by_key = keyspace.storage_key(
+        namespace, keyspace.ACTIVE, "r.a", "k", tag=keyspace.key_tag("r.a", "k")
+    )
+    by_task = keyspace.storage_key(
+        namespace, keyspace.ACTIVE, "r.b", "k", tag=keyspace.task_tag("r.b")
+    )
+    tagged = claim(app, "job-3", "k", task="r.c")
+    for job_id, stored in (("job-1", by_key), ("job-2", by_task)):
+        runtime(app).store.decide(
+            [Claim(job_id=job_id, task="t", active=ActiveClaim(stored, Scope.ACTIVE, None))]
+        )
+    assert [i.job_id for i in operations.show(app, "r.a:k")] == ["job-1"]
+    assert [i.job_id for i in operations.show(app, "r.b:k")] == ["job-2"]
+    assert [i.job_id for i in operations.show(app, by_key)] == ["job-1"]
+    assert {i.storage_key for i in operations.list_keys(app)} == {by_key, by_task, tagged}
+    assert {i.storage_key for i in operations.list_keys(app, kind="active")} == {
+        by_key,
+        by_task,
+        tagged,
+    }
+    assert operations.list_keys(app, kind="window") == []
+    assert [i.display_key for i in operations.list_keys(app, match="r.a:*")] == ["r.a:k"]
+    assert operations.release(app, "r.b:k")
+    assert operations.show(app, "r.b:k") == []
+
+
 def test_show_tries_every_split_of_task_names_with_colons(app: Celery) -> None:
     """A task name containing ':' is found: every ':' is tried as the task/key boundary."""
     claim(app, "job-1", "c:d", task="a:b")
