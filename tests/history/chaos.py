@@ -46,6 +46,7 @@ from typing import Any
 
 import redis
 
+from celery_unique.stores import open_store
 from tests.faultproxy import FaultProxy
 from tests.history.actors import Spec, now, produce
 from tests.history.broken import OVERRIDE as BROKEN_STORE
@@ -360,14 +361,24 @@ class Run:
             text=True,
             check=True,
         )
+        entries = json.loads(listed.stdout)["keys"]
+        # What the list leaves out, for a violation to show why a key is held: the
+        # delivery whose run marks it, and how long it has left.
+        store = open_store(self.spec.store_url)
+        try:
+            records = [store.get(entry["storage_key"]) for entry in entries]
+        finally:
+            store.close()
         return [
             {
                 "key": entry["display_key"],
                 "kind": entry["kind"],
                 "job": entry["job_id"],
                 "finished": entry["finished"],
+                "run": None if record is None else record.run,
+                "ttl_ms": None if record is None else record.expires_in_ms,
             }
-            for entry in json.loads(listed.stdout)["keys"]
+            for entry, record in zip(entries, records, strict=True)
         ]
 
 

@@ -676,6 +676,8 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
             if job is None and _owed_and_lost(history, held["job"], snapshot["t"], lease_ns):
                 continue  # an owed run its worker died before publishing: the lease frees it
             what = "a job no dispatch created" if job is None else f"job {held['job']}"
+            if held.get("run") is not None or held.get("ttl_ms") is not None:
+                what += f" (marked by run {held.get('run')}, {held.get('ttl_ms')} ms left)"
             found.append(
                 Violation(
                     "I4",
