@@ -13,8 +13,8 @@ import importlib.resources
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from redis.cluster import RedisCluster
 
 logger = logging.getLogger("celery_unique")
+
+T = TypeVar("T")
 
 _SCOPES = {"q": Scope.QUEUED, "a": Scope.ACTIVE, "e": Scope.EXISTS}
 SCOPE_CHARS = {scope: char for char, scope in _SCOPES.items()}
@@ -277,6 +279,22 @@ class RedisStore(Store):
                     replies[index] = answer
         return replies
 
+    def _call_by_slot(
+        self,
+        name: str,
+        items: Sequence[T],
+        first_key: Callable[[T], str],
+        arguments: Callable[[Sequence[T]], tuple[list[str], list[str | int]]],
+    ) -> list[tuple[list[int], Any]]:
+        """Run script ``name`` on ``items``: in one call, or on a cluster whose slots they
+        span, once per slot (:meth:`_call_per_slot`). Each call's reply, with the
+        indexes of the items it was given."""
+        groups = self._slot_groups([first_key(item) for item in items])
+        if groups is None:
+            return [(list(range(len(items))), self._call(name, *arguments(items)))]
+        calls = [arguments([items[index] for index in group]) for group in groups]
+        return list(zip(groups, self._call_per_slot(name, calls), strict=True))
+
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         return self.send_decide(claims, all_or_nothing=all_or_nothing).wait()
 
@@ -295,41 +313,37 @@ class RedisStore(Store):
         slot are decided together, in order; when an all-or-nothing batch is
         refused in one slot, what the others created is rolled back.
         """
-        groups = self._slot_groups([claim_keys(claim)[0] for claim in claims]) or [
-            list(range(len(claims)))
-        ]
-        parts = [[claims[index] for index in group] for group in groups]
-        calls = [self._decide_arguments(part, all_or_nothing) for part in parts]
         try:
-            if len(calls) == 1:
-                # Redis Cluster routes per command: no connection to hold on to, and
-                # no telling whether a request whose reply was lost was applied.
-                with self._commands():
-                    replies = [self._scripts["decide"](keys=calls[0][0], args=calls[0][1])]
-            else:
-                replies = self._call_per_slot("decide", calls)
+            # Redis Cluster routes per command: no connection to hold on to, and no
+            # telling whether a request whose reply was lost was applied.
+            replies = self._call_by_slot(
+                "decide",
+                claims,
+                lambda claim: claim_keys(claim)[0],
+                lambda part: self._decide_arguments(part, all_or_nothing),
+            )
         except BackendUnavailable as failure:
             failure.maybe_applied = True
             cleanup.undo_decision(self, claims, failure)
             raise
-        decisions: list[Decision | None] = [None] * len(claims)
+        decisions: list[Decision] = [Decision(Verdict.CREATED, claim.job_id) for claim in claims]
         refused = False
-        for group, part, reply in zip(groups, parts, replies, strict=True):
-            decided = self._decisions(part, reply)
+        for group, reply in replies:
+            decided = self._decisions([claims[index] for index in group], reply)
             refused = refused or any(decision.verdict.failed for decision in decided)
             for index, decision in zip(group, decided, strict=True):
                 decisions[index] = decision
-        if refused and all_or_nothing and len(parts) > 1:
+        if refused and all_or_nothing and len(replies) > 1:
             created = [
                 claim
                 for claim, decision in zip(claims, decisions, strict=True)
-                if decision is not None and decision.verdict is Verdict.CREATED
+                if decision.verdict is Verdict.CREATED
             ]
             try:
                 self.rollback_many(created)
             except BackendUnavailable:
                 cleanup.roll_back(self, created)  # again in the background, until it lands
-        return [decision for decision in decisions if decision is not None]
+        return decisions
 
     def _script_connection(self) -> _Borrowed | Lane:
         """The dispatching thread's own connection, else one lent by the pool."""
@@ -419,24 +433,22 @@ class RedisStore(Store):
     def release_many(self, releases: Sequence[Release]) -> list[bool]:
         if not releases:
             return []
-        args: list[str | int] = []
-        for release in releases:
-            keep = release.keep_ms
-            args += [
-                release.job_id,
-                "" if keep is None else _SPECIAL_KEEPS.get(keep, keep),
-                release.run or "",
-            ]
-        keys = [release.key for release in releases]
-        groups = self._slot_groups(keys)
-        if groups is None:
-            return [flag == "1" for flag in _text(self._call("release", keys, args))]
-        calls = [
-            ([keys[i] for i in group], [arg for i in group for arg in args[3 * i : 3 * i + 3]])
-            for group in groups
-        ]
+
+        def arguments(part: Sequence[Release]) -> tuple[list[str], list[str | int]]:
+            args: list[str | int] = []
+            for release in part:
+                keep = release.keep_ms
+                args += [
+                    release.job_id,
+                    "" if keep is None else _SPECIAL_KEEPS.get(keep, keep),
+                    release.run or "",
+                ]
+            return [release.key for release in part], args
+
         released = [False] * len(releases)
-        for group, reply in zip(groups, self._call_per_slot("release", calls), strict=True):
+        for group, reply in self._call_by_slot(
+            "release", releases, lambda release: release.key, arguments
+        ):
             for index, flag in zip(group, _text(reply), strict=True):
                 released[index] = flag == "1"
         return released
@@ -445,14 +457,10 @@ class RedisStore(Store):
         self.rollback_many([claim])
 
     def rollback_many(self, claims: Sequence[Claim]) -> None:
-        if not claims:
-            return
-        groups = self._slot_groups([claim_keys(claim)[0] for claim in claims])
-        if groups is None:
-            self._call("rollback", *self._rollback_arguments(claims))
-            return
-        calls = [self._rollback_arguments([claims[i] for i in group]) for group in groups]
-        self._call_per_slot("rollback", calls)
+        if claims:
+            self._call_by_slot(
+                "rollback", claims, lambda claim: claim_keys(claim)[0], self._rollback_arguments
+            )
 
     @staticmethod
     def _rollback_arguments(claims: Sequence[Claim]) -> tuple[list[str], list[str | int]]:
@@ -527,11 +535,8 @@ class RedisStore(Store):
                 args += [hold.job_id, hold.run or ""]
             return [hold.key for hold in part], args
 
-        groups = self._slot_groups([hold.key for hold in holds])
-        if groups is None:
-            return int(self._call("renew", *arguments(holds)))
-        calls = [arguments([holds[i] for i in group]) for group in groups]
-        return sum(int(reply) for reply in self._call_per_slot("renew", calls))
+        replies = self._call_by_slot("renew", holds, lambda hold: hold.key, arguments)
+        return sum(int(reply) for _, reply in replies)
 
     def get(self, key: str) -> HeldKey | None:
         with self._commands(), self.client.pipeline(transaction=True) as pipe:
