@@ -411,6 +411,47 @@ def release(
     _thread().owe(*ahead, last)
 
 
+def release_once_unmarked(
+    store: Store,
+    hold: Release,
+    *,
+    every_s: float,
+    within_s: float | None,
+    on_released: Callable[[bool], None] | None = None,
+) -> None:
+    """Send ``hold`` (the release of a delivery that never ran) again every ``every_s``
+    while its job still holds the key under another delivery's run mark.
+
+    The store leaves a key alone while another delivery of its job runs, and frees it
+    once nobody vouches for that run any more. But the run's own release may never
+    come: a worker cut off from its broker can lose track of a run its pool goes on
+    with. This one then frees the key, within ``every_s`` of the vouching running out.
+    """
+    assert hold.run is None
+
+    def action() -> bool:
+        held = store.get(hold.key)
+        if held is None or held.job_id != hold.job_id or held.finished or held.run is None:
+            return True  # the key moved on, or its job's run ended it
+        changed = store.release_many([hold])[0]
+        if changed and on_released is not None:
+            on_released(True)
+        return changed
+
+    span = MAX_DEADLINE_S if within_s is None else min(within_s, MAX_DEADLINE_S)
+    _thread().owe(
+        Owed(
+            store=store,
+            what=f"{_describe(hold)}, once no other delivery of it runs",
+            deadline=deadline_after(within_s),
+            due=time.monotonic() + every_s,
+            action=action,
+            key=hold.key,
+            repeats=(every_s,) * max(1, int(span / every_s)),
+        )
+    )
+
+
 def _describe(hold: Release) -> str:
     what = {
         GOES_ON: "ending the run",

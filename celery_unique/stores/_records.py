@@ -309,7 +309,7 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
             if record.finished or record.run in (run, handed_by) or record.run_alive(now):
                 return UNCHANGED
             return replace(record, run=run, alive_until=None)
-        if not _run_may_end(record, run):
+        if not _run_may_end(record, run, now):
             # Another delivery of the job runs now, or this one handed the job over
             # to a replacement: the key is theirs.
             return UNCHANGED
@@ -326,13 +326,19 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
     return change
 
 
-def _run_may_end(record: Record, run: str | None) -> bool:
+def _run_may_end(record: Record, run: str | None, now: int) -> bool:
     """Whether the end of delivery ``run`` may end ``record``'s hold: no other delivery
-    of the job runs, and ``run`` did not hand the job over to a replacement."""
+    of the job runs, and ``run`` did not hand the job over to a replacement.
+
+    A mark whose worker stopped vouching for it is a run that ended or died. Its own
+    release may never come (a worker cut off from its broker can lose track of a run
+    its pool went on with), so it does not keep the key from the job's other deliveries.
+    """
     if record.run is None or record.run == run:
         return True
-    handed = record.run.startswith(HANDED_OVER_MARK)
-    return handed and record.run != HANDED_OVER_MARK + (run or "")
+    if record.run.startswith(HANDED_OVER_MARK):
+        return record.run != HANDED_OVER_MARK + (run or "")
+    return record.alive_until is not None and record.alive_until <= now
 
 
 def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Change:
@@ -410,7 +416,7 @@ def passing_on(
             record.job_id != job_id
             or record.finished
             or owed is None
-            or not _run_may_end(record, run)
+            or not _run_may_end(record, run, now)
         ):
             return UNCHANGED
         outcome[:] = [FollowUp(owed, record.arguments or "", record.task)]

@@ -64,7 +64,7 @@ from celery_unique.dispatch import release_at
 from celery_unique.headers import HEADER, VERSION, KeyHeader
 from celery_unique.signals import ReleaseReason, emit_released
 from celery_unique.stores.base import GOES_ON, HAND_OVER_UNDONE, RUNNING, Release
-from celery_unique.worker import follow_up, runs
+from celery_unique.worker import alive, follow_up, runs
 
 
 class Replaced(Ignore):
@@ -240,9 +240,28 @@ class Fate:
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
 
-        def released(changed: bool) -> None:
+        # A delivery that never ran, of a job whose runs mark its key. (A job that follows
+        # its duplicates is left to its lease: its key goes to the run they are owed,
+        # which an owed write must not publish twice.)
+        unrun = finished and not self.ran and self.run is not None and not self.header.get("p")
+
+        def emitted(changed: bool) -> None:
             if changed:
                 emit_released(app, job_id, hold.key, reason=reason, kept=hold.keep_ms != 0)
+
+        def released(changed: bool) -> None:
+            emitted(changed)
+            if unrun and not changed:
+                # Another delivery's run may mark the key, one its worker lost track
+                # of: this release is owed again, each vouching round, until nobody
+                # vouches for that run any more.
+                cleanup.release_once_unmarked(
+                    rt.store,
+                    hold,
+                    every_s=alive.interval_s(rt.lease_ms) + runs.BUSY_SLACK_S,
+                    within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
+                    on_released=emitted,
+                )
 
         message = self.message if finished else None
         passes_on = None

@@ -673,6 +673,23 @@ def test_a_late_mark_of_a_copy_leaves_a_vouched_run_alone(store: Store) -> None:
     assert held.run == "r1"
 
 
+def test_a_run_no_longer_vouched_for_keeps_the_key_from_no_other_delivery(store: Store) -> None:
+    """r1's worker lost track of it (cut off from its broker while its pool ran the job),
+    so r1's release never comes. Once nobody vouches for r1, the end of another delivery
+    of the job (a copy sent again for later, then revoked and dropped unrun) frees the
+    key."""
+    decide(store, active("j1", scope=Scope.ACTIVE))
+    vouched_start(store, "j1", "r1", 150)
+    assert store.release_many([Release("j1", A, 0, None)]) == [False]  # r1 is vouched for
+    assert store.release_many([Release("j1", A, GOES_ON, "r2")]) == [False]
+    held = store.get(A)
+    assert held is not None
+    assert held.run == "r1"
+    time.sleep(0.25)
+    assert store.release_many([Release("j1", A, 0, None)]) == [True]
+    assert store.get(A) is None
+
+
 # Keys spread over hash slots (unique_key_spread="key"): on Redis Cluster each
 # multi-key call is split by slot; every store must give the same answers.
 

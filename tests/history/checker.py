@@ -94,6 +94,11 @@ GOES_ON = frozenset({"retry", "requeue", "replace"})
 #: the store is answering: the worker's main process settles the message, then
 #: its background thread sends the release.
 RELEASE_WITHIN_NS = 2_000_000_000
+#: How long a run is vouched for after its last sign of life (the chaos apps' lease
+#: of a minute: a round every 2.5 s, each vouching 10 s ahead), and how often the
+#: release of a copy dropped unrun that the store refused then is sent again.
+VOUCHED_NS = 10_000_000_000
+RELEASE_AGAIN_NS = 2_700_000_000
 #: After an impairment of the store ends, how long owed writes may take to land.
 AFTER_FAULT_NS = 5_000_000_000
 #: How long after a kill is recorded its victim may still record events.
@@ -542,6 +547,8 @@ def _phantoms(
                 continue
             if landed is None and _release_died(end, node_kills) and t0 < end + lease_ns:
                 continue  # the release died with its worker: the lease frees the key
+            if _dropped_behind_a_vouched_run(job, end, t0):
+                continue  # freed once nobody vouches for the other run any more
             found.append(
                 Violation(
                     "I2",
@@ -553,6 +560,23 @@ def _phantoms(
                 )
             )
     return found
+
+
+def _dropped_behind_a_vouched_run(job: Job, end: int, t0: int) -> bool:
+    """Whether the job ended with a copy of its message dropped unrun (revoked) while
+    the mark of an earlier run may still have been vouched for, and ``t0`` came before
+    that copy's release could free the key.
+
+    That run's own release may never come (its worker lost track of it, or died): the
+    store refuses the copy's release while the run is vouched for (until
+    :data:`VOUCHED_NS` after its last sign of life), and the copy's worker sends it
+    again every :data:`RELEASE_AGAIN_NS` until nobody does.
+    """
+    if job.dropped != end:
+        return False
+    lives = [run.until for run in job.runs if run.until is not None and run.start < end]
+    bound = max(lives, default=None)
+    return bound is not None and t0 < bound + VOUCHED_NS + RELEASE_AGAIN_NS + RELEASE_WITHIN_NS
 
 
 def _undone_later(
@@ -583,9 +607,10 @@ def _release_died(end: int, node_kills: list[int], crash_s: float = 1) -> bool:
 def _run_died_with_its_node(history: History, job: Job, at: int, lease_ns: int) -> bool:
     """Whether, a lease or less before ``at``, a run of ``job`` died with its whole node.
 
-    The run's mark stays on the key: a copy of the message delivered again, and
-    dropped unrun (revoked meanwhile), cannot tell a dead run from one still
-    going on a slow worker, so it leaves the key to the lease.
+    The run's mark stays on the key until a copy of the message delivered again
+    ends once nobody vouches for the dead run any more (it runs, or is dropped
+    unrun and its release frees the key), or until the lease: a copy may not come
+    before the history ends.
     """
     for event in history.of("kill"):
         if event.get("whole") and int(event["t"]) + lease_ns > at:

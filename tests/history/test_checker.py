@@ -174,6 +174,26 @@ def test_i2_allows_a_release_the_broker_held_up() -> None:
     assert violations(story()) == {"I2": 1}
 
 
+def test_i2_allows_a_copy_dropped_behind_a_vouched_run_until_nobody_vouches_for_it() -> None:
+    """J1's run ended and its worker lost track of it (no release of its own); a copy of
+    its message, revoked, was dropped at 5 s while the run was still vouched for, so
+    the copy's release lands once the vouching ran out (11.3 s) and it is sent again
+    (within 2.7 s). Reuses until then are not phantoms; one later than that is."""
+
+    def story(reuse_at: float) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 1.3),
+            {"e": "dropped", "job": "J1", "t": 5 * S},
+            dispatch(reuse_at, reused("J1")),
+            released("J1", 16.8),
+        )
+
+    assert violations(story(6.0)) == {}
+    assert violations(story(15.9)) == {}
+    assert violations(story(16.5)) == {"I2": 1}
+
+
 def test_i3_catches_a_created_job_that_never_ran() -> None:
     """A created job with no final run and no drop: lost."""
     assert violations(history(dispatch(1.0, created("J1")))) == {"I3": 1}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import timedelta
 
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[attr-defined]
@@ -74,6 +75,25 @@ def test_a_copy_dropped_unrun_after_an_acknowledgement_that_failed_frees_the_key
         eventually(lambda: store.get(key) is None, 5, "the key to be freed")
     finally:
         cleanup.discard(store)  # the first release, which waits for an ack that never came
+
+
+def test_a_copy_dropped_unrun_while_a_lost_run_is_vouched_for_frees_the_key_after(
+    app: Celery,
+) -> None:
+    """The worker that ran run 1 lost track of it (its broker connection broke while its
+    pool ran the job), so run 1's release never comes. A copy of the message, revoked
+    meanwhile, is dropped unrun while run 1 is still vouched for: its release is left
+    alone then, and frees the key once nobody vouches for run 1 any more."""
+    app.conf.unique_lease = timedelta(seconds=1.5)
+    store, job, key, header = created(app, "k")
+    lost = RunStart(uuid.uuid4().hex, Scope.ACTIVE, "fates.task", 60_000, alive_ms=800)
+    assert store.begin_run(job, key, lost).holder is None
+
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)  # revoked: acknowledged without running
+    time.sleep(0.4)
+    assert store.get(key) is not None  # run 1 is vouched for: the key is its job's
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")
 
 
 def test_a_retry_dropped_before_its_attempt_was_reported_frees_the_key(app: Celery) -> None:

@@ -58,13 +58,6 @@ local function encode(r)
 end
 
 -- The job owed a run, from a record's field ("" once it was passed on).
--- Whether the end of delivery `run` may end the hold r: no other delivery of the job
--- runs, and `run` did not hand the job over to a replacement ("^" .. run).
-local function run_may_end(r, run)
-  if r.run == "" or r.run == run then return true end
-  return string.sub(r.run, 1, 1) == "^" and r.run ~= "^" .. run
-end
-
 local function owed_run(owed)
   if owed == nil or owed == "" or string.sub(owed, 1, 1) == "<" then return "" end
   return owed
@@ -81,6 +74,17 @@ end
 local function now_ms()
   local t = redis.call("TIME")
   return tostring(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+end
+
+-- Whether the end of delivery `run` may end the hold r: no other delivery of the job
+-- runs, and `run` did not hand the job over to a replacement ("^" .. run). A mark
+-- whose worker stopped vouching for it is a run that ended or died: its own release
+-- may never come (a worker that lost its broker connection can lose track of a run
+-- its pool went on with), so it does not keep the key from the job's other deliveries.
+local function run_may_end(r, run)
+  if r.run == "" or r.run == run then return true end
+  if string.sub(r.run, 1, 1) == "^" then return r.run ~= "^" .. run end
+  return r.alive ~= "" and tonumber(r.alive) <= tonumber(now_ms())
 end
 
 -- Write a record with a TTL in ms ("" or nil: no expiry).
