@@ -291,7 +291,10 @@ def in_context(bench: harness.Bench, base_url: str, n: int, rounds: int) -> dict
     selector = t.selector
     rt = runtime(bench.app)
     store: Any = rt.store
-    sha = store._scripts["decide"].sha
+    script = store._scripts["decide"]
+    sha = script.sha
+    # The raw steps below send EVALSHA themselves: a fresh server must know the script.
+    store.client.script_load(script.script)
     connection = store.client.connection_pool.get_connection()
     raw = harness.raw_socket(base_url, bench.store_db)
     header = {"v": 1, "a": "unique:v1:{bench}:a:bench.selector\x1forder:1", "s": "queued"}

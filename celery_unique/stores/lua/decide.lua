@@ -24,7 +24,12 @@
 --   which matters for a batch of a thousand.)
 
 local all_or_nothing = ARGV[1] == "1"
-local since = now_ms()
+local since_ms = nil
+-- The server's clock, read once per batch and only by a batch that writes a record.
+local function since()
+  if not since_ms then since_ms = now_ms() end
+  return since_ms
+end
 local count = tonumber(ARGV[2])
 local overlay = {}   -- key -> record or false (deleted) written earlier in this batch
 local writes = {}    -- ordered {key, record, ttl}
@@ -48,9 +53,10 @@ end
 for i = 0, count - 1 do
   local base = 3 + i * 14
   local job, task = ARGV[base], ARGV[base + 1]
-  local akey = tonumber(ARGV[base + 2]) > 0 and KEYS[tonumber(ARGV[base + 2])] or nil
+  local aindex, windex = ARGV[base + 2], ARGV[base + 5]
+  local akey = aindex ~= "0" and KEYS[tonumber(aindex)] or nil
   local scope, lease = ARGV[base + 3], ARGV[base + 4]
-  local wkey = tonumber(ARGV[base + 5]) > 0 and KEYS[tonumber(ARGV[base + 5])] or nil
+  local wkey = windex ~= "0" and KEYS[tonumber(windex)] or nil
   local window_ms, fp, policy, handoff = ARGV[base + 6], ARGV[base + 7], ARGV[base + 8], ARGV[base + 9]
   local follow, args = ARGV[base + 10], ARGV[base + 11]
   local debounce, debounce_max = ARGV[base + 12], ARGV[base + 13]
@@ -75,7 +81,7 @@ for i = 0, count - 1 do
       local target = job
       if holder and holder ~= job and not hands_off then target = holder end
       pending[#pending + 1] = {wkey, {kind = "w", finished = "0", job = target, task = task,
-                                      fp = fp, policy = policy, since = since}, window_ms}
+                                      fp = fp, policy = policy, since = since()}, window_ms}
     end
     if held and not hands_off then
       result = {"reused_active", holder, "0", "", ""}
@@ -89,7 +95,7 @@ for i = 0, count - 1 do
           held.args = args
           result[4] = "rerun_requested"
         elseif follow == "d" and debounce ~= "" and held.follows == "d" then
-          local now = tonumber(since)
+          local now = tonumber(since())
           local due = now + tonumber(debounce)
           if held.cap ~= "" then
             -- Capped: the lease its creation set covers the latest start already, and
@@ -111,10 +117,10 @@ for i = 0, count - 1 do
       result = {"created", job, "0", "", ""}
       if akey then
         local record = {kind = scope, finished = "0", job = job, task = task, fp = "",
-                        policy = "", since = since, run = "", from = hands_off and holder or "",
+                        policy = "", since = since(), run = "", from = hands_off and holder or "",
                         follows = follow, owed = "", args = "", due = "", cap = ""}
         if follow == "d" and debounce ~= "" then
-          local now = tonumber(since)
+          local now = tonumber(since())
           record.due = tostring(now + tonumber(debounce))
           if debounce_max ~= "" then record.cap = tostring(now + tonumber(debounce_max)) end
           result[5] = debounce
