@@ -7,7 +7,7 @@ and runs the tests that tell whether it works there: unit, store contract, a
 real prefork worker whose pool child is killed, and the one-script path's
 messages compared byte for byte with the cell's kombu; Django cells add the
 Django store contract, migrations, checks and store.
-``scripts/matrix`` runs every cell, two at a time, and prints a table.
+``scripts/matrix`` runs every cell, the longest first, and prints a table.
 
 Interpreters are the ones already on the machine (pyenv's), never
 downloaded. A cell's virtualenv is kept between runs and rebuilt only when
@@ -43,7 +43,6 @@ TESTS = [
 #: SQLite, PostgreSQL and MariaDB, migrations, checks). The Redis and worker tests
 #: do not depend on Django's version and run in the Celery cells on the same Pythons.
 DJANGO_TESTS = [
-    "tests/unit",
     "tests/django/test_django_store_contract.py",
     "tests/django/test_migrations.py",
     "tests/django/test_checks.py",
@@ -111,7 +110,7 @@ MATRIX = (
         "lowest-direct",
         "3.10",
         resolution="lowest-direct",
-        tests=(*TESTS, *DJANGO_TESTS[1:]),
+        tests=(*TESTS, *DJANGO_TESTS),
         why="every direct dependency at the floor the metadata declares",
     ),
 )
@@ -175,7 +174,7 @@ def render_matrix() -> str:
     ]
     for cell in MATRIX:
         pins = ", ".join(f"`{pin}`" for pin in cell.pins) or f"`--resolution {cell.resolution}`"
-        tests = {tuple(TESTS): "core", tuple(DJANGO_TESTS): "unit + Django app"}.get(
+        tests = {tuple(TESTS): "core", tuple(DJANGO_TESTS): "Django app"}.get(
             cell.tests, "core + Django app"
         )
         rows.append(f"| `{cell.name}` | {cell.python} | {pins} | {tests} | {cell.why} |")

@@ -31,7 +31,7 @@ from .conftest import Worker, eventually, open_store, queue_length
 pytestmark = pytest.mark.slow
 
 PRODUCERS = 4
-DISPATCHES = 10_000
+DISPATCHES = 5_000
 KEYS = 200
 #: How long the producers may take, and then the worker to drain the queue (seconds).
 PRODUCE_TIMEOUT_S = 180.0
