@@ -99,6 +99,10 @@ RELEASE_WITHIN_NS = 2_000_000_000
 #: release of a copy dropped unrun that the store refused then is sent again.
 VOUCHED_NS = 10_000_000_000
 RELEASE_AGAIN_NS = 2_700_000_000
+#: How long a release waits for the broker to confirm its job's acknowledgement
+#: (``celery_unique.worker.fates.ACK_WAIT_S``): until then the message may come
+#: back, and the job run again.
+ACK_WAIT_NS = 10_000_000_000
 #: After an impairment of the store ends, how long owed writes may take to land.
 AFTER_FAULT_NS = 5_000_000_000
 #: How long after a kill is recorded its victim may still record events.
@@ -274,18 +278,25 @@ class _Faults:
 
     def __init__(self, history: History) -> None:
         spans = sorted(
-            (int(event["t0"]), int(event["t1"]))
+            (int(event["t0"]), int(event["t1"]), event["target"] == "broker")
             for event in history.of("fault")
             if event.get("target") in ("store", "broker")
         )
         self.spans = spans
 
     def settled_by(self, start: int, end: int) -> int:
-        """The latest moment owed writes due in ``[start, end]`` may land."""
+        """The latest moment owed writes due in ``[start, end]`` may land.
+
+        An acknowledgement asked for while the broker was impaired may never be
+        confirmed: the release waits :data:`ACK_WAIT_NS` for it, however soon the
+        broker is back.
+        """
         latest = end
-        for t0, t1 in self.spans:
+        for t0, t1, broker in self.spans:
             if t0 <= latest and t1 >= start:
                 latest = max(latest, t1 + AFTER_FAULT_NS)
+                if broker:
+                    latest = max(latest, start + ACK_WAIT_NS + RELEASE_WITHIN_NS)
         return latest
 
 

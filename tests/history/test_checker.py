@@ -174,6 +174,26 @@ def test_i2_allows_a_release_the_broker_held_up() -> None:
     assert violations(story()) == {"I2": 1}
 
 
+def test_i2_allows_a_release_waiting_out_an_acknowledgement_never_confirmed() -> None:
+    """The broker restarted as J1 ended, and was back within half a second, but the
+    acknowledgement asked for meanwhile was never confirmed: the release waited the
+    10 s the worker gives it (the message might have come back). A reuse then is not a
+    phantom; nor is one after a release that took longer than that."""
+
+    def story(release_at: float) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 1.5),
+            {"e": "fault", "kind": "broker_restart", "target": "broker", "t0": int(1.51 * S)}
+            | {"t1": int(2.0 * S)},
+            dispatch(8.0, reused("J1")),
+            released("J1", release_at),
+        )
+
+    assert violations(story(11.51)) == {}
+    assert violations(story(14.0)) == {"I2": 1}
+
+
 def test_i2_allows_a_copy_dropped_behind_a_vouched_run_until_nobody_vouches_for_it() -> None:
     """J1's run ended and its worker lost track of it (no release of its own); a copy of
     its message, revoked, was dropped at 5 s while the run was still vouched for, so
