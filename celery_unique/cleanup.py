@@ -370,8 +370,9 @@ def release(
     of the run, which holds even if the release never goes); owed at the same
     moment, so that all usually travel in one round trip.
 
-    ``before``: work done first, once the waits are over (retried while it
-    raises, like any owed write); the release is owed only once it is done.
+    ``before``: work done first, once ``after_exit_of`` is gone but without
+    waiting for ``after`` (retried while it raises, like any owed write); the
+    release is owed only once it is done, and then waits for ``after``.
     """
     deadline = deadline_after(within_s)
 
@@ -391,7 +392,7 @@ def release(
     if before is not None:
         work = before
         released = last
-        released.after_exit_of = released.after = None
+        released.after_exit_of = None
 
         def action() -> bool:
             work()
@@ -406,7 +407,6 @@ def release(
             action=action,
             key=hold.key,
             after_exit_of=after_exit_of,
-            after=after,
         )
     _thread().owe(*ahead, last)
 

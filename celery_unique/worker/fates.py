@@ -266,7 +266,10 @@ class Fate:
         message = self.message if finished else None
         passes_on = None
         if finished and self.header.get("p"):
-            # latest/debounce: a run owed by duplicates takes the key over first.
+            # latest/debounce: a run owed by duplicates takes the key over first, without
+            # waiting for kombu to confirm the acknowledgement: should the message come
+            # back, its copy finds the key another job's and does not run, while a
+            # worker that died waiting would have lost the run owed.
             passes_on = follow_up.passer(app, job_id, self.header, hold.run, message)
         cleanup.release(
             rt.store,

@@ -7,7 +7,9 @@ hand the key to that run (:meth:`~celery_unique.stores.base.Store.pass_on`: one
 atomic step, so however many duplicates came, one run is owed and one takes
 the key) and publishes it, with the latest arguments, to the queue the job
 came from. Only then is the job's own release sent: it finds the key moved on
-and leaves it.
+and leaves it. The first step does not wait, as the release does, for kombu
+to confirm the job's acknowledgement: a copy of the message the broker
+delivers again finds the key the owed run's and does not run.
 
 Both steps are retried in the background until they succeed, within the
 key's lease: asked again, the store names the same owed run, so a publish that

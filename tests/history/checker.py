@@ -423,7 +423,7 @@ def check(history: History) -> Report:
     violations += _phantoms(history, jobs, failed, faults)
     lost: set[str] = set()
     violations += _unended(history, jobs, lost)
-    violations += _left_behind(history, jobs)
+    violations += _left_behind(history, jobs, faults)
     violations += _windows(history, jobs, failed)
     violations += _owed_runs(history, jobs, failed)
     violations += _latest_arguments(history, jobs)
@@ -556,7 +556,11 @@ def _phantoms(
                 # On its way: it landed later, or landed with its reply lost (no
                 # release event then), which I4 and later reuses would show.
                 continue
-            if landed is None and _release_died(end, node_kills) and t0 < end + lease_ns:
+            if (
+                landed is None
+                and _release_died(end, node_kills, owed_until=in_time)
+                and t0 < end + lease_ns
+            ):
                 continue  # the release died with its worker: the lease frees the key
             if _dropped_behind_a_vouched_run(job, end, t0):
                 continue  # freed once nobody vouches for the other run any more
@@ -606,13 +610,18 @@ def _undone_later(
     return False
 
 
-def _release_died(end: int, node_kills: list[int], crash_s: float = 1) -> bool:
-    """Whether a worker died while the release of a job that ended at ``end`` was owed.
+def _release_died(
+    end: int, node_kills: list[int], crash_s: float = 1, owed_until: int | None = None
+) -> bool:
+    """Whether a worker died while the release of a job that ended at ``end`` was owed:
+    until ``owed_until`` (by default :data:`RELEASE_WITHIN_NS` after the end; longer
+    when the store or the broker was impaired, see :meth:`_Faults.settled_by`).
 
     (A crash is found a moment after it happened, so the window is generous:
     ``crash_s`` more.)
     """
-    return any(end - 1e9 <= kill <= end + RELEASE_WITHIN_NS + crash_s * 1e9 for kill in node_kills)
+    until = end + RELEASE_WITHIN_NS if owed_until is None else owed_until
+    return any(end - 1e9 <= kill <= until + crash_s * 1e9 for kill in node_kills)
 
 
 def _run_died_with_its_node(history: History, job: Job, at: int, lease_ns: int) -> bool:
@@ -688,7 +697,7 @@ def _unended(history: History, jobs: dict[str, Job], lost: set[str]) -> list[Vio
 # -- I4 -------------------------------------------------------------------------------
 
 
-def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
+def _left_behind(history: History, jobs: dict[str, Job], faults: _Faults) -> list[Violation]:
     found: list[Violation] = []
     node_kills, lease_ns = _node_kills(history), _lease_ns(history)
     for snapshot in history.of("keys"):
@@ -701,7 +710,9 @@ def _left_behind(history: History, jobs: dict[str, Job]) -> list[Violation]:
                 job is not None
                 and end is not None
                 and not job.released
-                and _release_died(end, node_kills)
+                and _release_died(
+                    end, node_kills, owed_until=faults.settled_by(end, end + RELEASE_WITHIN_NS)
+                )
                 and snapshot["t"] < end + lease_ns
             ):
                 continue  # its release died with its worker: the lease will free it

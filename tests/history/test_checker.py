@@ -194,6 +194,27 @@ def test_i2_allows_a_release_waiting_out_an_acknowledgement_never_confirmed() ->
     assert violations(story(14.0)) == {"I2": 1}
 
 
+def test_i2_allows_a_release_lost_with_its_worker_while_it_waited_for_the_broker() -> None:
+    """J1 ended as the broker restarted; its release waited for the acknowledgement to be
+    confirmed, and its worker was killed 8 s later, still waiting: the lease frees the
+    key, and a reuse meanwhile is not a phantom. Without the broker fault the release
+    was not waiting any more by then, and the reuse is one."""
+
+    def story(*faults: dict[str, Any]) -> History:
+        return history(
+            {"e": "config", "lease_s": 60},
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 1.5),
+            *faults,
+            {"e": "kill", "pids": [], "whole": True, "node": "n", "t": int(9.5 * S)},
+            dispatch(30.0, reused("J1")),
+        )
+
+    restart = {"e": "fault", "kind": "broker_restart", "target": "broker"}
+    assert violations(story({**restart, "t0": int(1.51 * S), "t1": int(2.0 * S)})) == {}
+    assert violations(story()) == {"I2": 1}
+
+
 def test_i2_allows_a_copy_dropped_behind_a_vouched_run_until_nobody_vouches_for_it() -> None:
     """J1's run ended and its worker lost track of it (no release of its own); a copy of
     its message, revoked, was dropped at 5 s while the run was still vouched for, so

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[attr-defined]
@@ -17,12 +18,15 @@ from celery.exceptions import Ignore, Reject, Retry
 
 from celery_unique import cleanup
 from celery_unique.config import runtime
+from celery_unique.duplicates import encode_arguments
 from celery_unique.headers import VERSION, KeyHeader
 from celery_unique.keyspace import ACTIVE, storage_key
 from celery_unique.stores.base import (
     HANDING_OVER,
     ActiveClaim,
     Claim,
+    Effect,
+    OnDuplicate,
     Release,
     RunStart,
     Scope,
@@ -198,3 +202,46 @@ def test_a_release_after_an_unconfirmed_acknowledgement_leaves_a_copy_running(
     record = store.get(key)
     assert record is not None
     assert (record.job_id, record.run) == (job, copy)
+
+
+def test_a_run_owed_to_duplicates_is_passed_on_before_the_acknowledgement_is_confirmed(
+    app: Celery, published: list[dict[str, Any]]
+) -> None:
+    """A ``latest`` job's run ended as its broker connection broke: kombu never confirms
+    the acknowledgement, and the release waits for it. The run the job's duplicates are
+    owed must not wait too: a worker that died meanwhile would lose it (should the
+    message come back, its copy finds the key the owed run's and does not run)."""
+
+    @app.task(name="fates.latest", shared=False)
+    def latest(n: int) -> None: ...
+
+    store = runtime(app).store
+    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", "owed")
+
+    def claim(job_id: str, n: int) -> Claim:
+        arguments = encode_arguments(latest, [n], {}, 1 << 16)
+        active = ActiveClaim(key, Scope.ACTIVE, 60_000, OnDuplicate.LATEST, arguments)
+        return Claim(job_id, "fates.latest", active)
+
+    assert store.decide([claim(job, 1)])[0].verdict is Verdict.CREATED
+    run = uuid.uuid4().hex
+    start = RunStart(run, Scope.ACTIVE, "fates.latest", 60_000, follows_duplicates=True)
+    assert store.begin_run(job, key, start).holder is None
+    owed = uuid.uuid4().hex
+    duplicate = store.decide([claim(owed, 2)])[0]
+    assert (duplicate.job_id, duplicate.effect) == (job, Effect.RERUN_REQUESTED)
+
+    policy = OnDuplicate.LATEST.code
+    header: KeyHeader = {"v": VERSION, "a": key, "s": Scope.ACTIVE.value, "p": policy}
+    fate = Fate(app, job, header, Message("RECEIVED"), run=run)
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it failed
+    try:
+        eventually(lambda: published, 3, "the owed run to be published")
+        assert [headers["id"] for headers in published] == [owed]
+        held = store.get(key)
+        assert held is not None
+        assert held.job_id == owed
+    finally:
+        cleanup.discard(store)  # the release, which waits for an ack that never comes
