@@ -179,13 +179,13 @@ def test_i2_allows_a_release_waiting_out_an_acknowledgement_never_confirmed() ->
     acknowledgement asked for meanwhile was never confirmed: the release waited the
     10 s the worker gives it (the message might have come back). A reuse then is not a
     phantom; nor is one after a release that took longer than that."""
+    restart = {"e": "fault", "kind": "broker_restart", "target": "broker"}
 
     def story(release_at: float) -> History:
         return history(
             dispatch(1.0, created("J1")),
             run("J1", 1.1, 1.5),
-            {"e": "fault", "kind": "broker_restart", "target": "broker", "t0": int(1.51 * S)}
-            | {"t1": int(2.0 * S)},
+            {**restart, "t0": int(1.51 * S), "t1": int(2.0 * S)},
             dispatch(8.0, reused("J1")),
             released("J1", release_at),
         )
