@@ -196,6 +196,18 @@ class Job:
         limit = lease_ns * 2 // 3
         return any(b - a >= limit for a, b in itertools.pairwise(touches))
 
+    def freed_before(self, later: Job) -> bool:
+        """Whether the job had ended for good and freed its key before ``later`` was
+        decided: its end was long enough before for its release to land, or the release
+        landed before the dispatch that created ``later`` was invoked."""
+        ended = self.first_end()
+        if ended is None:
+            return False
+        if ended + RELEASE_WITHIN_NS < later.created:
+            return True
+        landed = min((t for t in self.released if t >= ended), default=None)
+        return landed is not None and landed < later.dispatch.get("t0", later.created)
+
     def first_end(self) -> int | None:
         """When a run of the job first ended for good (a later run is a copy of its message)."""
         ends = [run.end for run in self.runs if run.outcome in FINAL and run.end is not None]
@@ -298,6 +310,37 @@ class _Faults:
                 if broker:
                     latest = max(latest, start + ACK_WAIT_NS + RELEASE_WITHIN_NS)
         return latest
+
+
+def _with_unrecorded_hand_overs(history: History) -> History:
+    """``history`` with a ``followed`` event for each owed run that a worker received
+    though no worker recorded publishing it.
+
+    A publish can raise after its message went out (the broker connection broke as
+    kombu finished it): the worker then records nothing, and tries the hand-over
+    again, which finds the key already the owed run's. An owed run takes the id of
+    the first duplicate told it is owed, and nothing else publishes that id, so its
+    delivery is the proof it was published (at the latest when first received).
+    """
+    recorded = {event["job"] for event in history.of("followed")}
+    owed_by = {
+        item["jid"]: item["job"]
+        for dispatch in history.of("dispatch")
+        for item in dispatch["items"]
+        if item.get("effect") == "rerun"
+    }
+    seen: dict[str, int] = {}
+    for event in itertools.chain(history.of("received"), history.of("start")):
+        job = event["job"]
+        if job in owed_by and job not in recorded:
+            seen[job] = min(seen.get(job, event["t"]), event["t"])
+    if not seen:
+        return history
+    unrecorded = [
+        {"e": "followed", "job": job, "of": owed_by[job], "t": t, "unrecorded": True}
+        for job, t in seen.items()
+    ]
+    return History(history.events + unrecorded)
 
 
 def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[str, Any]]]]:
@@ -414,7 +457,8 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
 
 
 def check(history: History) -> Report:
-    """Every violation of I1..I5 in ``history``."""
+    """Every violation of I1..I7 in ``history``."""
+    history = _with_unrecorded_hand_overs(history)
     jobs, failed = build_jobs(history)
     faults = _Faults(history)
     violations: list[Violation] = []
@@ -474,12 +518,11 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
                 if other.id == job.id:
                     continue
                 first, later = sorted((job, other), key=lambda j: j.created)
-                ended = first.first_end()
-                if ended is not None and ended + RELEASE_WITHIN_NS < later.created:
-                    # The earlier job had ended when the later one was created: a copy
-                    # of it the broker delivered again ran, which only the later job's
-                    # hold could have stopped, and only if the copy checks the key (a
-                    # queued job's runs do not).
+                if first.freed_before(later):
+                    # The earlier job had ended and freed its key when the later one
+                    # was created: a copy of it the broker delivered again ran, which
+                    # only the later job's hold could have stopped, and only if the
+                    # copy checks the key (a queued job's runs do not).
                     if first.scope not in ("active", "exists"):
                         continue
                     holder = later

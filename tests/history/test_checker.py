@@ -112,6 +112,27 @@ def test_i1_allows_overlap_after_a_queued_key_was_freed() -> None:
     assert violations(fine) == {}
 
 
+def test_i1_a_copy_of_a_job_whose_release_landed_may_run_beside_a_queued_job() -> None:
+    """J1 ended and freed its key at 1.21 s, but RabbitMQ lost its acknowledgement and
+    delivered it again; J2, created on the free key 0.3 s later (sooner than a release
+    is given to land), holds it only while queued: the copy finds it free once J2
+    starts, and runs beside J2 by design. Were J2 active, the copy should have found
+    the key J2's and not run."""
+
+    def events(scope: str) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 1.2),
+            released("J1", 1.21),
+            dispatch(1.5, created("J2", scope=scope), proc="p1"),
+            run("J2", 2.0, 2.3, pid=2),
+            run("J1", 2.1, 2.2, n=2, pid=3),
+        )
+
+    assert violations(events("queued")) == {}
+    assert violations(events("active")) == {"I1": 1}
+
+
 def test_i2_catches_a_reuse_of_a_job_nobody_created() -> None:
     """A reuse naming a job no dispatch created (and no lost answer explains) is a phantom."""
     bad = history(dispatch(1.0, reused("ghost")))
@@ -489,6 +510,23 @@ def test_an_owed_run_never_published_is_caught() -> None:
         dispatch(1.5, duplicate("J1", "F1", "n2", "rerun")),
     )
     assert violations(lost).get("I6") == 1
+
+
+def test_an_owed_run_delivered_though_its_publish_went_unrecorded_was_published() -> None:
+    """The publish of F1 raised after its message went out (the broker went down as it
+    was sent): no worker recorded publishing it, but a worker received it and ran it."""
+    unrecorded = [
+        dispatch(1.0, follows("J1", "n1")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.5, duplicate("J1", "F1", "n2", "rerun")),
+        {"e": "received", "job": "F1", "t": int(2.02 * S)},
+        run_with("F1", "n2", 2.05, 2.1, 2.5),
+    ]
+    assert violations(history(*unrecorded)) == {}
+    # Delivered twice, or its publish recorded after all, it is one owed run.
+    again = {"e": "received", "job": "F1", "t": int(2.6 * S)}
+    assert violations(history(*unrecorded, again)) == {}
+    assert violations(history(*unrecorded, followed("F1", "J1", 2.3))) == {}
 
 
 def test_a_run_handed_the_duplicates_arguments_is_the_run_it_was_owed() -> None:
