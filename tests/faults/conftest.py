@@ -192,6 +192,12 @@ def starts(marks: Any, spec: Spec) -> list[tuple[str, int, int, bool]]:
     return [tuple(json.loads(raw)) for raw in marks.lrange(f"{spec.marks}:started", 0, -1)]
 
 
+def follow_runs(marks: Any, spec: Spec) -> list[tuple[str, int, int, int]]:
+    """``(job id, version, start ns, end ns)`` of every run of ``faults.follow`` that
+    ended, in order."""
+    return [tuple(json.loads(raw)) for raw in marks.lrange(f"{spec.marks}:follow", 0, -1)]
+
+
 def finished(marks: Any, spec: Spec) -> list[str]:
     """Ids of the jobs that ran to their end, in order."""
     return [raw.decode() for raw in marks.lrange(f"{spec.marks}:finished", 0, -1)]

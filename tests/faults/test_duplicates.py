@@ -8,7 +8,6 @@ it started and ended (``time.monotonic_ns()``: one clock for every process).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ from celery_unique import Disposition
 from tests.spawned import run_in_processes
 
 from ._apps import FOLLOW, Spec
-from .conftest import Worker, eventually, job_key, open_store, producer, task_of
+from .conftest import Worker, eventually, follow_runs, job_key, open_store, producer, task_of
 
 pytestmark = pytest.mark.slow
 
@@ -30,16 +29,11 @@ DUPLICATES = 50
 RACERS = 8
 
 
-def runs(marks: Any, spec: Spec) -> list[tuple[str, int, int, int]]:
-    """``(job id, version, start ns, end ns)`` of every run that ended, in order."""
-    return [tuple(json.loads(raw)) for raw in marks.lrange(f"{spec.marks}:follow", 0, -1)]
-
-
 def settled_runs(marks: Any, spec: Spec, count: int) -> list[tuple[str, int, int, int]]:
     """The runs once ``count`` have ended and no other came for :data:`SETTLE_S`."""
-    eventually(lambda: len(runs(marks, spec)) >= count, 30, f"{count} run(s) to end")
+    eventually(lambda: len(follow_runs(marks, spec)) >= count, 30, f"{count} run(s) to end")
     time.sleep(SETTLE_S)
-    return runs(marks, spec)
+    return follow_runs(marks, spec)
 
 
 def test_duplicates_of_a_queued_job_leave_it_the_last_arguments(

@@ -13,7 +13,6 @@ are owed: a worker killed in those seconds must not take that run with it.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +25,17 @@ from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer, Worker
 
 from ._apps import FOLLOW, Spec
-from .conftest import eventually, finished, job_key, one_key, open_store, producer, starts, task_of
+from .conftest import (
+    eventually,
+    finished,
+    follow_runs,
+    job_key,
+    one_key,
+    open_store,
+    producer,
+    starts,
+    task_of,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -37,11 +46,6 @@ REFUSED_S = 4.0
 #: After the acknowledgement's reply is lost, how long the killed worker had to hand
 #: the key to a run owed (done at once; the release itself waits up to ACK_WAIT_S).
 HAND_OVER_S = 2.0
-
-
-def follow_runs(marks: Any, spec: Spec) -> list[tuple[str, int]]:
-    """``(job id, version)`` of every run of ``faults.follow`` that ended, in order."""
-    return [tuple(json.loads(raw)[:2]) for raw in marks.lrange(f"{spec.marks}:follow", 0, -1)]
 
 
 def test_an_acknowledgement_whose_reply_was_lost_frees_the_key(
@@ -107,7 +111,7 @@ def test_a_run_owed_to_duplicates_survives_a_worker_killed_while_its_ack_is_unco
 
         start_worker(spec)
         eventually(lambda: len(follow_runs(marks, spec)) == 2, 20, "the owed run to run")
-        (job_1, version_1), (job_2, version_2) = follow_runs(marks, spec)
+        (job_1, version_1, *_), (job_2, version_2, *_) = follow_runs(marks, spec)
         assert (job_1, version_1) == (first.id, 0)
         assert job_2 != first.id
         assert version_2 == 1

@@ -205,8 +205,13 @@ class Job:
             return False
         if ended + RELEASE_WITHIN_NS < later.created:
             return True
-        landed = min((t for t in self.released if t >= ended), default=None)
+        landed = self.released_after(ended)
         return landed is not None and landed < later.dispatch.get("t0", later.created)
+
+    def released_after(self, end: int) -> int | None:
+        """When the release of an end at ``end`` landed (an earlier run's may have come
+        before), if it did."""
+        return min((t for t in self.released if t >= end), default=None)
 
     def first_end(self) -> int | None:
         """When a run of the job first ended for good (a later run is a copy of its message)."""
@@ -312,6 +317,17 @@ class _Faults:
         return latest
 
 
+def _told_a_run_is_owed(history: History) -> dict[str, dict[str, Any]]:
+    """The items of the duplicates told a run is owed, by the id each asked for (the
+    owed run's id, when it is the first such duplicate of its job)."""
+    return {
+        item["jid"]: item
+        for dispatch in history.of("dispatch")
+        for item in dispatch["items"]
+        if item.get("effect") == "rerun"
+    }
+
+
 def _with_unrecorded_hand_overs(history: History) -> History:
     """``history`` with a ``followed`` event for each owed run that a worker received
     though no worker recorded publishing it.
@@ -323,12 +339,7 @@ def _with_unrecorded_hand_overs(history: History) -> History:
     delivery is the proof it was published (at the latest when first received).
     """
     recorded = {event["job"] for event in history.of("followed")}
-    owed_by = {
-        item["jid"]: item["job"]
-        for dispatch in history.of("dispatch")
-        for item in dispatch["items"]
-        if item.get("effect") == "rerun"
-    }
+    owed_by = {jid: item["job"] for jid, item in _told_a_run_is_owed(history).items()}
     seen: dict[str, int] = {}
     for event in itertools.chain(history.of("received"), history.of("start")):
         job = event["job"]
@@ -355,12 +366,7 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
                 )
             elif item["out"] == "error":
                 failed[item["jid"]].append({**item, "proc": dispatch["proc"], "t1": dispatch["t1"]})
-    asked_for: dict[str, dict[str, Any]] = {
-        item["jid"]: item
-        for dispatch in history.of("dispatch")
-        for item in dispatch["items"]
-        if item.get("effect") == "rerun"
-    }
+    asked_for = _told_a_run_is_owed(history)
 
     def held_as(job_id: str, depth: int = 0) -> tuple[str | None, str | None]:
         """The key and scope of the key ``job_id`` holds: its dispatch's, or, for an owed
@@ -590,8 +596,7 @@ def _phantoms(
                 continue  # it could still run
             if job.scope == "exists":
                 continue  # kept on purpose after the end (its retention)
-            # The release of that end (an earlier run's release may have come before).
-            landed = min((t for t in job.released if t >= end), default=None)
+            landed = job.released_after(end)
             in_time = faults.settled_by(end, end + RELEASE_WITHIN_NS)
             if landed is not None and t0 < landed <= in_time:
                 continue  # its release was on its way, and came in time
