@@ -4,6 +4,12 @@ Items behave as if dispatched one after another in input order (the store
 decides the batch with sequential semantics). Every item is planned before
 the store is asked, so bad input anywhere fails the batch with nothing
 written; a conflict fails the whole batch too unless ``continue_on_conflict``.
+
+Where the store and a Redis broker share a server, the batch is one round
+trip in all: every message is built first, and the script that decides the
+batch pushes the created jobs' messages (:mod:`celery_unique.colocated`).
+Elsewhere the store decides the batch, then kombu publishes the created
+jobs' messages in one pipeline.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from celery import Celery, Task
 from celery.canvas import Signature, maybe_signature
 from celery.utils import uuid
 
-from celery_unique import signals
+from celery_unique import colocated, signals
 from celery_unique.config import Runtime, runtime
 from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.dispatch import (
@@ -33,7 +39,13 @@ from celery_unique.dispatch import (
     with_header,
 )
 from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
-from celery_unique.publishing import Gate, gated, install_gate, store_answered, tolerate_outage
+from celery_unique.publishing import (
+    Gate,
+    gated,
+    install_gate,
+    store_answered,
+    tolerate_outage,
+)
 from celery_unique.receipt import UniqueResult, stamp
 from celery_unique.stores.base import Decision, Verdict
 
@@ -87,8 +99,9 @@ def dispatch_many(
             entries.append(error)
 
     items = [entry for entry in entries if isinstance(entry, _Item)]
-    _decide(items, continue_on_conflict)
-    _publish(items)
+    if not _decide_with_messages(items, continue_on_conflict):
+        _decide(items, continue_on_conflict)
+        _publish(items)
     return [entry if isinstance(entry, UniquenessError) else entry.result for entry in entries]
 
 
@@ -160,6 +173,10 @@ def _decide(items: Sequence[_Item], continue_on_conflict: bool) -> None:
         store_answered(rt)
         for item, decision in zip(planned, decisions, strict=True):
             item.decision = decision
+    _fail_refused(items, continue_on_conflict)
+
+
+def _fail_refused(items: Sequence[_Item], continue_on_conflict: bool) -> None:
     for item in items:
         if item.plan is None or item.decision is None:
             continue
@@ -169,6 +186,59 @@ def _decide(items: Sequence[_Item], continue_on_conflict: bool) -> None:
             if not continue_on_conflict:
                 raise error
             item.outcome = error
+
+
+def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) -> bool:
+    """Store and broker on one Redis server: one script decides every item and enqueues
+    the messages of those it created; ``False`` where that cannot be exact (nothing sent).
+
+    Every message is built first, as kombu would push it; a duplicate's is dropped.
+    """
+    planned = [item for item in items if item.plan is not None]
+    if not planned or any(item.app is not items[0].app for item in items):
+        return False
+    app = items[0].app
+    rt = runtime(app)
+    if not colocated.suits_batch(app, rt):
+        return False
+    from celery_unique.stores.redis import Enqueued  # a Redis store, then
+
+    install_gate(app)
+    sent: dict[int, Any] = {}
+    messages: list[Enqueued] = []
+    with app.producer_or_acquire() as producer:
+        db = colocated.broker_db(producer.channel, rt)
+        if db is None:
+            return False
+        positions = {id(item): n for n, item in enumerate(planned, 1)}
+        try:
+            for item in items:
+                with colocated.capturing() as captured:
+                    sent[item.index] = _send(item, producer)
+                claim = positions.get(id(item), 0)
+                messages += [Enqueued(claim, queue, message) for queue, message in captured]
+        except colocated.Uncapturable:
+            return False
+        try:
+            decisions = rt.store.decide_enqueue_many(  # type: ignore[attr-defined]
+                [item.plan.claim for item in planned],  # type: ignore[union-attr]
+                not continue_on_conflict,
+                db,
+                messages,
+            )
+        except BackendUnavailable as outage:
+            # A lost reply: the jobs and their messages exist together, or neither does.
+            if outage.maybe_applied or not tolerate_outage(rt, outage):
+                raise
+            return False  # asked again, and published without uniqueness
+    store_answered(rt)
+    for item, decision in zip(planned, decisions, strict=True):
+        item.decision = decision
+    _fail_refused(items, continue_on_conflict)
+    for item in items:
+        if item.outcome is None:
+            _settle(item, sent[item.index])
+    return True
 
 
 def _publish(items: Sequence[_Item]) -> None:
@@ -188,13 +258,8 @@ def _publish(items: Sequence[_Item]) -> None:
                 if item.outcome is not None:
                     continue
                 decision = item.decision
-                if (
-                    item.plan is not None
-                    and decision is not None
-                    and not decision.verdict.publishes
-                ):
-                    callbacks = bool(item.link or item.link_error or item.options.get("chain"))
-                    item.outcome = reused(item.task, item.plan, decision, callbacks=callbacks)
+                if item.plan is not None and decision and not decision.verdict.publishes:
+                    _settle(item, None)
                     continue
                 if id(item.app) not in producers:
                     producer = stack.enter_context(item.app.producer_or_acquire())
@@ -203,38 +268,52 @@ def _publish(items: Sequence[_Item]) -> None:
                         # messages): all of the batch goes out at its end, or none.
                         pipelined.append(stack.enter_context(producer.batch(_NO_PARTIAL_FLUSH)))
                     producers[id(item.app)] = producer
-                options = item.options
                 gate: contextlib.AbstractContextManager[object] = contextlib.nullcontext()
                 if item.plan is not None:
-                    options = with_header(options, item.plan.header)
-                    if item.plan.countdown_s is not None:
-                        options = {**options, "countdown": item.plan.countdown_s}
                     install_gate(item.app)
                     # Decided already: the gate lets the job out (or, eagerly, run).
                     gate = gated(
                         Gate(item.job_id, runtime(item.app), item.plan.header, decision=decision)
                     )
                 with gate:
-                    # Celery's own apply_async: the decision is made already.
-                    result = Task.apply_async(
-                        item.task,
-                        item.args,
-                        item.kwargs,
-                        task_id=item.job_id,
-                        producer=producers[id(item.app)],
-                        link=item.link,
-                        link_error=item.link_error,
-                        **options,
-                    )
-                if item.plan is not None:
-                    item.outcome = created_receipt(result, item.plan)
-                    signals.emit_created(item.task, item.plan)
-                else:
-                    item.outcome = stamp(result)
+                    result = _send(item, producers[id(item.app)])
+                _settle(item, result)
     except BaseException:
         sent_one_by_one = all(getattr(b.state, "immediate", False) for b in pipelined)
         _roll_back_unpublished(items[position:] if sent_one_by_one else items)
         raise
+
+
+def _send(item: _Item, producer: Any) -> Any:
+    """Celery's own ``apply_async`` of the item (its decision is made, or travels with it)."""
+    options = item.options
+    if item.plan is not None:
+        options = with_header(options, item.plan.header)
+        if item.plan.countdown_s is not None:
+            options = {**options, "countdown": item.plan.countdown_s}
+    return Task.apply_async(
+        item.task,
+        item.args,
+        item.kwargs,
+        task_id=item.job_id,
+        producer=producer,
+        link=item.link,
+        link_error=item.link_error,
+        **options,
+    )
+
+
+def _settle(item: _Item, result: Any) -> None:
+    """The item's outcome, once the store decided it and a created job's message left."""
+    plan, decision = item.plan, item.decision
+    if plan is None:
+        item.outcome = stamp(result)
+    elif decision is not None and not decision.verdict.publishes:
+        callbacks = bool(item.link or item.link_error or item.options.get("chain"))
+        item.outcome = reused(item.task, plan, decision, callbacks=callbacks)
+    else:
+        item.outcome = created_receipt(result, plan)
+        signals.emit_created(item.task, plan)
 
 
 def _roll_back_unpublished(items: Sequence[_Item]) -> None:

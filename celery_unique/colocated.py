@@ -26,12 +26,20 @@ first, as on any other deployment:
 * the dispatch's keys were not found held recently in this process
   (:mod:`celery_unique.recently_held`): a duplicate asks first, and is
   answered before a message is built.
+
+``dispatch_many`` goes further on such a server: every item's message is
+built first and noted where kombu would push it, then one script decides the
+whole batch and pushes the messages of the jobs it created (and of items
+without uniqueness), in order. A batch that could not be exact
+(:func:`suits_batch`, or a message kombu must send itself) asks the store
+first and publishes in one kombu batch instead.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -123,13 +131,13 @@ def _host(name: Any) -> str:
 
 def suits(app: Celery, rt: Runtime) -> bool:
     """Whether a dispatch's decision may wait for its message, to travel with it."""
-    return colocation(app, rt) is not None and not _foreign_publish_receivers()
+    return colocation(app, rt) is not None and not _foreign(signals.before_task_publish)
 
 
-def _foreign_publish_receivers() -> bool:
+def _foreign(signal: Any) -> bool:
     return any(
         not (isinstance(lookup[0], str) and lookup[0].startswith(OWN_RECEIVERS))
-        for lookup, _ in signals.before_task_publish.receivers
+        for lookup, _ in signal.receivers
     )
 
 
@@ -138,7 +146,7 @@ _armed: ContextVar[Gate | None] = ContextVar("celery_unique_armed", default=None
 
 def send_armed(gate: Gate, producer: Any, send: Callable[[], Any]) -> Any:
     """``send()`` the gate's job; its decision travels with the message if the channel can."""
-    if not _hooked(getattr(producer, "channel", None), gate):
+    if broker_db(getattr(producer, "channel", None), gate.rt) is None:
         gate.let_out()
         return send()
     token = _armed.set(gate)
@@ -153,23 +161,68 @@ def send_armed(gate: Gate, producer: Any, send: Callable[[], Any]) -> Any:
     return result
 
 
+class Uncapturable(Exception):
+    """A message kombu must send itself (a fanout exchange, a queue it expires)."""
+
+
+#: A batch's messages as kombu would push them: (list, message), in order.
+Captured = list[tuple[str, "bytes | str"]]
+
+_captured: ContextVar[Captured | None] = ContextVar("celery_unique_captured", default=None)
+
+
+def suits_batch(app: Celery, rt: Runtime) -> bool:
+    """Whether a batch may build all of its messages before the store decides it, so that
+    they travel with its decisions.
+
+    Every message is built, also those of items the store then finds duplicates:
+    nothing outside this package may see one go (a ``before_task_publish`` or
+    ``after_task_publish`` receiver, a ``task-sent`` event, a parent task's
+    trail of children), and none may run eagerly instead.
+    """
+    conf = app.conf
+    return (
+        suits(app, rt)
+        and not _foreign(signals.after_task_publish)
+        and not conf.task_always_eager
+        and not conf.task_send_sent_event
+        and app.current_worker_task is None
+    )
+
+
+def capturing_now() -> bool:
+    return _captured.get() is not None
+
+
+@contextmanager
+def capturing() -> Iterator[Captured]:
+    """Within the block, a hooked channel's puts are noted instead of sent."""
+    captured: Captured = []
+    token = _captured.set(captured)
+    try:
+        yield captured
+    finally:
+        _captured.reset(token)
+
+
 @dataclass(frozen=True, slots=True)
 class _Hooked:
     server: tuple[Any, ...]
     db: int
 
 
-def _hooked(channel: Any, gate: Gate) -> bool:
-    """Whether ``channel`` is a Redis channel on the gate's store's server (and hooked)."""
+def broker_db(channel: Any, rt: Runtime) -> int | None:
+    """The database of ``channel`` if it is a Redis channel on the store's server (and
+    hooked), else ``None``."""
     if channel is None:
-        return False
+        return None
     hooked: _Hooked | bool | None = getattr(channel, "_celery_unique_put", False)
     if hooked is False:
         hooked = channel._celery_unique_put = _hook(channel)
-    colocated = gate.rt.colocation
-    return (
-        isinstance(hooked, _Hooked) and bool(colocated) and _same(colocated.server, hooked.server)
-    )
+    colocated = rt.colocation
+    if isinstance(hooked, _Hooked) and colocated and _same(colocated.server, hooked.server):
+        return hooked.db
+    return None
 
 
 def _hook(given: Any) -> _Hooked | None:
@@ -187,17 +240,24 @@ def _hook(given: Any) -> _Hooked | None:
     dumps = kombu_redis.dumps  # type: ignore[attr-defined]
 
     def _put(queue: str, message: Any, **options: Any) -> Any:
-        gate = _armed.get()
-        if gate is None or gate.resolved:
+        gate, captured = _armed.get(), _captured.get()
+        if captured is None and (gate is None or gate.resolved):
             return put(queue, message, **options)
         expires = getattr(channel, "_expires", None)
         if "_publish_batch" in options or (expires and queue in expires):
             # kombu sends more than the message: it must send it itself.
+            if captured is not None:
+                raise Uncapturable(queue)
+            assert gate is not None
             gate.let_out()
             return put(queue, message, **options)
         key = channel._q_for_pri(queue, channel._get_message_priority(message, reverse=False))
         key = f"{getattr(channel, 'global_keyprefix', '') or ''}{key}"
         payload = dumps(message)
+        if captured is not None:
+            captured.append((key, payload))
+            return None
+        assert gate is not None
         claim, store = gate.claim, gate.rt.store
         assert claim is not None
         decision = gate.let_out(
@@ -209,6 +269,8 @@ def _hook(given: Any) -> _Hooked | None:
         return None
 
     def _put_fanout(exchange: str, message: Any, routing_key: str, **options: Any) -> Any:
+        if _captured.get() is not None:
+            raise Uncapturable(exchange)
         gate = _armed.get()
         if gate is not None and not gate.resolved:
             gate.let_out()

@@ -34,6 +34,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from celery import Celery
+from kombu import Queue
+from kombu.common import Broadcast
 
 from celery_unique import colocated, resend
 from celery_unique.config import Runtime
@@ -183,12 +185,14 @@ def install_gate(app: Celery) -> None:
             gate = gate_for(job_id)
             if gate is not None and not gate.resolved and gate.claim is not None:
                 # Asked as the message leaves: the decision travels with it.
+                _declared_already(amqp, producer, options)
                 resend.observe(job_id, message.headers)
                 result = colocated.send_armed(
                     gate, producer, lambda: send(producer, name, message, **options)
                 )
             else:
-                pass_gate(job_id)
+                if pass_gate(job_id) is not None or colocated.capturing_now():
+                    _declared_already(amqp, producer, options)  # a unique job's message
                 resend.observe(job_id, message.headers)
                 result = send(producer, name, message, **options)
             resend.handed_over(job_id)
@@ -196,6 +200,30 @@ def install_gate(app: Celery) -> None:
 
         amqp.send_task_message = send_task_message  # type: ignore[misc]
         amqp._celery_unique_gate = True  # type: ignore[attr-defined]
+
+
+def _declared_already(amqp: Any, producer: Any, options: dict[str, Any]) -> None:
+    """Tell Celery not to declare a unique job's queue when the connection has.
+
+    Celery asks kombu to declare the queue with every publish, and kombu copies
+    the queue and binds the copy to the channel before it finds the queue in
+    the connection's cache of declared entities and does nothing. This is
+    kombu's own test, made first: a connection that reconnected has an empty
+    cache, and declares again.
+    """
+    queue = options.get("queue")
+    if options.get("declare") is not None or queue is None:
+        return
+    if isinstance(queue, str):
+        queue = amqp.queues.get(queue)
+    if not isinstance(queue, Queue) or isinstance(queue, Broadcast):
+        return
+    try:
+        declared = producer.channel.connection.client.declared_entities
+    except AttributeError:  # a channel without a connection: kombu will say so
+        return
+    if queue.can_cache_declaration and hash(queue) in declared:
+        options["declare"] = []
 
 
 def _job_id(message: Any) -> str | None:

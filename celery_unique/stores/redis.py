@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_unique import cleanup
@@ -148,6 +149,18 @@ def unavailable(error: BaseException, *, maybe_applied: bool = False) -> Backend
     failure.maybe_applied = maybe_applied
     failure.__cause__ = error
     return failure
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """A message the decide script pushes where kombu's Redis transport would have."""
+
+    #: The claim it goes with (its position in the batch, from 1); 0: pushed unconditionally.
+    claim: int
+    #: The list kombu would push it to (priority sub-queue and key prefix included).
+    queue: str
+    #: The message as kombu serializes it.
+    message: bytes | str
 
 
 class RedisStore(Store):
@@ -376,11 +389,32 @@ class RedisStore(Store):
         A request whose reply is lost is *not* undone: whatever the script did,
         the key and the message went together (or neither did).
         """
-        keys, args = self._decide_arguments([claim], True)
-        payload = message.decode() if isinstance(message, bytes) else message
-        args += [db, self.db, queue, payload]
-        pending = _PendingScript(self, self._script_connection(), [claim], keys, args, undo=False)
-        return pending.wait()[0]
+        return self.decide_enqueue_many([claim], True, db, [Enqueued(1, queue, message)])[0]
+
+    def decide_enqueue_many(
+        self,
+        claims: Sequence[Claim],
+        all_or_nothing: bool,
+        db: int,
+        messages: Sequence[Enqueued],
+    ) -> list[Decision]:
+        """:meth:`decide` a batch and push, in the same script, the messages of its
+        created claims (and those of jobs without uniqueness) to database ``db``.
+
+        An all-or-nothing batch with a conflict pushes nothing. As for one
+        dispatch, a lost reply is not undone.
+        """
+        keys, args = self._decide_arguments(claims, all_or_nothing)
+        args += [db, self.db]
+        for sent in messages:
+            payload = sent.message
+            args += [
+                sent.claim,
+                sent.queue,
+                payload.decode() if isinstance(payload, bytes) else payload,
+            ]
+        pending = _PendingScript(self, self._script_connection(), claims, keys, args, undo=False)
+        return pending.wait()
 
     def _decisions(self, claims: Sequence[Claim], reply: bytes | str) -> list[Decision]:
         text = _text(reply)

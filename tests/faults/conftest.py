@@ -131,6 +131,15 @@ def make_spec(services: RedisServer) -> Callable[..., Spec]:
     return make
 
 
+@pytest.fixture
+def spec(make_spec: Callable[..., Spec], proxy: FaultProxy) -> Spec:
+    """Broker (db 1) and store (db 0) both reached through the proxy: one server (a module
+    may define its own)."""
+    return make_spec(
+        broker_url=proxy.url(1), store_url=f"{proxy.url(0)}?socket_timeout=1", lease_s=300
+    )
+
+
 @contextmanager
 def producer(spec: Spec, *, plain: bool = False) -> Iterator[Celery]:
     """The test process's own app for ``spec``; its store and broker connections closed after."""

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -24,7 +25,7 @@ from celery import signals
 from kombu import Exchange, Producer, Queue
 from kombu.common import Broadcast
 
-from celery_unique import BackendUnavailable, Disposition, ImproperlyConfigured
+from celery_unique import BackendUnavailable, Disposition, ImproperlyConfigured, dispatch_many
 from celery_unique import config as unique_config
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
@@ -36,14 +37,6 @@ pytestmark = pytest.mark.slow
 
 #: Commands a client may send while it opens a connection.
 SETUP = {"HELLO", "CLIENT", "SELECT", "AUTH", "PING", "INFO"}
-
-
-@pytest.fixture
-def spec(make_spec: Callable[..., Spec], proxy: FaultProxy) -> Spec:
-    """Broker (db 1) and store (db 0) both reached through the proxy: one server."""
-    return make_spec(
-        broker_url=proxy.url(1), store_url=f"{proxy.url(0)}?socket_timeout=1", lease_s=300
-    )
 
 
 def broker_of(services: RedisServer) -> redis.Redis:
@@ -109,12 +102,28 @@ def test_a_key_found_held_that_was_freed_is_created_by_asking_first(
         assert broker.llen(spec.queue) == queued + 1
 
 
+def new_messages(broker: redis.Redis, queue: str, before: int) -> list[dict[str, Any]]:
+    """The messages pushed since the queue held ``before``, oldest first."""
+    raw = broker.lrange(queue, 0, -1)
+    return [json.loads(m) for m in reversed(raw[: len(raw) - before])]
+
+
+def dispatch(task: Any, keys: list[str]) -> Any:
+    """One dispatch for one key, a ``dispatch_many`` batch for more."""
+    if len(keys) == 1:
+        return task.apply_async(unique_key=keys[0], unique_while="active")
+    return dispatch_many([task.s().set(unique_key=k, unique_while="active") for k in keys])
+
+
+@pytest.mark.parametrize("size", [1, 20])
 @pytest.mark.parametrize("fault", ["drop", "reset", "pause"])
 def test_a_lost_reply_never_parts_a_key_from_its_message(
-    fault: str, spec: Spec, proxy: FaultProxy, services: RedisServer
+    fault: str, size: int, spec: Spec, proxy: FaultProxy, services: RedisServer
 ) -> None:
-    """The script ran or it did not: the key and the message exist together, or neither."""
+    """The script ran or it did not: every key and its message exist together, or none
+    does (one dispatch, or a ``dispatch_many`` batch)."""
     broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
+    keys = [f"lost{n}" for n in range(size)]
     with producer(spec) as app:
         task = task_of(app)
         warm(task)
@@ -122,21 +131,23 @@ def test_a_lost_reply_never_parts_a_key_from_its_message(
         {"drop": lambda: proxy.drop_replies(1), "reset": lambda: proxy.reset_on_reply(1),
          "pause": proxy.pause}[fault]()  # fmt: skip
         with pytest.raises(BackendUnavailable) as lost:
-            task.apply_async(unique_key="lost", unique_while="active")
+            dispatch(task, keys)
         assert lost.value.maybe_applied
         if fault == "pause":
             proxy.resume()
         time.sleep(3.0)  # longer than a separate store takes to undo a lost decision
-        held = store.get(job_key(spec, "lost"))
-        messages = [json.loads(raw) for raw in broker.lrange(spec.queue, 0, -1)[: -queued or None]]
-        assert (held is None) == (not messages), (held, messages)
-        if held is not None:
-            assert [m["headers"]["id"] for m in messages] == [held.split(b"\x1f")[2].decode()]
+        holders = [
+            held.split(b"\x1f")[2].decode() for k in keys if (held := store.get(job_key(spec, k)))
+        ]
+        messages = new_messages(broker, spec.queue, queued)
+        assert holders == [m["headers"]["id"] for m in messages]
+        assert len(messages) in (0, size)
+        if messages:
             # The job exists: the caller's retry is handed it.
-            again = task.apply_async(unique_key="lost", unique_while="active")
+            again = task.apply_async(unique_key=keys[0], unique_while="active")
             assert again.disposition is Disposition.REUSED
             assert again.id == messages[0]["headers"]["id"]
-        print(f"\n{fault}: script {'ran' if held else 'did not run'}")
+        print(f"\n{fault}: script {'ran' if messages else 'did not run'}")
 
 
 def test_a_drop_of_the_reply_after_the_script_ran_keeps_key_and_message(
@@ -177,7 +188,7 @@ class Wire:
         return {name.encode(): got for name, got in zip(self.lists, found, strict=True) if got}
 
 
-def _without_tag(raw: bytes) -> bytes:
+def without_tag(raw: bytes) -> bytes:
     """The message with what differs from one publish to the next blanked: kombu's
     delivery tag (a UUID4 per publish) and the time to live Celery works out from
     ``expires`` and the clock (milliseconds left)."""
@@ -189,11 +200,32 @@ def _without_tag(raw: bytes) -> bytes:
     return raw
 
 
-def test_messages_are_byte_for_byte_what_kombu_writes(
-    spec: Spec, proxy: FaultProxy, services: RedisServer
-) -> None:
-    """Thousands of randomized dispatches through both paths land identically."""
-    rng = random.Random(20261201)
+@dataclass
+class Routed:
+    """An app whose queues are reached by name, through a direct exchange, and with
+    priorities: what one dispatch writes to them, and the colocated path to turn off."""
+
+    app: Any
+    task: Any
+    rt: Any
+    queues: list[Queue]
+    wire: Wire
+    store: redis.Redis
+    colocation: Any
+
+    def written(self, dispatch: Callable[[], Any]) -> tuple[dict[bytes, list[bytes]], ...]:
+        """What ``dispatch()`` writes on the one-script path, then asking the store first."""
+        written = []
+        for path in (self.colocation, None):
+            self.rt.colocation = path  # None: ask the store, then let kombu publish
+            dispatch()
+            written.append(self.wire.take())
+        self.rt.colocation = self.colocation
+        return tuple(written)
+
+
+@contextmanager
+def routed(spec: Spec, services: RedisServer) -> Iterator[Routed]:
     exchange = Exchange("routed", type="direct")
     queues = [
         Queue(spec.queue),
@@ -203,7 +235,6 @@ def test_messages_are_byte_for_byte_what_kombu_writes(
         ),
     ]
     wire = Wire(broker_of(services), queues, steps=10)
-    store = redis.Redis.from_url(services.url(0))
     changes = {
         "task_queues": queues,
         "broker_transport_options": {"priority_steps": list(range(10))},
@@ -216,35 +247,10 @@ def test_messages_are_byte_for_byte_what_kombu_writes(
             for queue in queues:  # kombu's binding table for the routed exchange
                 queue(connection.default_channel).declare()
         wire.take()
-        colocation = rt.colocation
-        assert colocation, "store and broker share a server"
-        compared = dropped = 0
-        lists: set[bytes] = set()
-        for n in range(2000):
-            options = _random_options(rng, n, queues)
-            args = (n, "é" * rng.randint(0, 3))
-            written = []
-            for path in (colocation, None):
-                rt.colocation = path  # None: ask the store, then let kombu publish
-                store.delete(job_key(spec, f"k{n}"))
-                sent = task.apply_async(args, unique_key=f"k{n}", task_id=f"job-{n}", **options)
-                assert sent.disposition is Disposition.CREATED
-                written.append(wire.take())
-            rt.colocation = colocation
-            colocated, separate = written
-            assert colocated.keys() == separate.keys(), (options, colocated, separate)
-            for name in colocated:
-                mine = [_without_tag(m) for m in colocated[name]]
-                kombus = [_without_tag(m) for m in separate[name]]
-                assert mine == kombus, (name, options, _first_difference(mine, kombus))
-                compared += len(colocated[name])
-                lists.add(name)
-            dropped += not colocated
-        # Celery routes an explicit exchange with the queue's name as routing key, which
-        # no binding matches: kombu drops those messages on both paths alike.
-        assert compared + dropped == 2000
-        assert compared > 1500, (compared, dropped)
-        assert len(lists) >= 20, "queues, exchanges and priority sub-queues all covered"
+        assert rt.colocation, "store and broker share a server"
+        yield Routed(
+            app, task, rt, queues, wire, redis.Redis.from_url(services.url(0)), rt.colocation
+        )
         client = wire.client
         strays = [
             key for key in client.scan_iter(match=f"{spec.queue}*") if client.type(key) == b"list"
@@ -252,7 +258,45 @@ def test_messages_are_byte_for_byte_what_kombu_writes(
         assert strays == [], "a message landed where kombu would not have put it"
 
 
-def _first_difference(mine: list[bytes], kombus: list[bytes]) -> tuple[bytes, bytes]:
+def same_lists(colocated: dict[bytes, list[bytes]], kombus: dict[bytes, list[bytes]]) -> int:
+    """How many messages both paths wrote, list by list, once shown to be the same."""
+    assert colocated.keys() == kombus.keys(), (colocated, kombus)
+    for name in colocated:
+        mine = [without_tag(m) for m in colocated[name]]
+        theirs = [without_tag(m) for m in kombus[name]]
+        assert mine == theirs, (name, first_difference(mine, theirs))
+    return sum(len(messages) for messages in colocated.values())
+
+
+def test_messages_are_byte_for_byte_what_kombu_writes(spec: Spec, services: RedisServer) -> None:
+    """Thousands of randomized dispatches through both paths land identically."""
+    rng = random.Random(20261201)
+    with routed(spec, services) as bench:
+        compared = dropped = 0
+        lists: set[bytes] = set()
+        for n in range(2000):
+            options = random_options(rng, n, bench.queues)
+            args = (n, "é" * rng.randint(0, 3))
+
+            def dispatch(n: int = n, options: dict[str, Any] = options, args: Any = args) -> None:
+                bench.store.delete(job_key(spec, f"k{n}"))
+                sent = bench.task.apply_async(
+                    args, unique_key=f"k{n}", task_id=f"job-{n}", **options
+                )
+                assert sent.disposition is Disposition.CREATED
+
+            colocated, separate = bench.written(dispatch)
+            compared += same_lists(colocated, separate)
+            lists |= colocated.keys()
+            dropped += not colocated
+        # Celery routes an explicit exchange with the queue's name as routing key, which
+        # no binding matches: kombu drops those messages on both paths alike.
+        assert compared + dropped == 2000
+        assert compared > 1500, (compared, dropped)
+        assert len(lists) >= 20, "queues, exchanges and priority sub-queues all covered"
+
+
+def first_difference(mine: list[bytes], kombus: list[bytes]) -> tuple[bytes, bytes]:
     for a, b in zip(mine, kombus, strict=False):
         at = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
         if at is not None or len(a) != len(b):
@@ -261,7 +305,7 @@ def _first_difference(mine: list[bytes], kombus: list[bytes]) -> tuple[bytes, by
     return b"", b""
 
 
-def _random_options(rng: random.Random, n: int, queues: list[Queue]) -> dict[str, Any]:
+def random_options(rng: random.Random, n: int, queues: list[Queue]) -> dict[str, Any]:
     now = datetime(2030, 1, 1, tzinfo=timezone.utc)
     options: dict[str, Any] = {}
     queue = rng.choice(queues)

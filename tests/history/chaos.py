@@ -484,6 +484,10 @@ def render(outcome: Outcome) -> str:
             str(counts["messages lost by the Redis transport"]),
         ),
         ("uncertain publishes that ran", str(counts["uncertain publishes that ran"])),
+        (
+            "jobs created though their answer was lost (store and broker one script)",
+            str(counts["jobs created though their answer was lost"]),
+        ),
     ]
     rows += [(f"violations {name} ({DESCRIPTIONS[name]})", str(n)) for name, n in found.items()]
     width = max(len(label) for label, _ in rows)

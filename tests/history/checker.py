@@ -50,8 +50,10 @@ I2 no phantom holder
     was too recent for its release to have landed (the release latency is
     bounded, see :data:`RELEASE_WITHIN_NS`), or whose key is kept on purpose
     (``exists`` retention). Or it names the job of a dispatch whose answer was
-    lost, before that dispatch's process had undone it. Or a release was lost
-    with a killed worker, within the lease.
+    lost, before that dispatch's process had undone it (a job delivered
+    though its answer was lost was created: store and broker on one server
+    write the key and the message in one script, never undone). Or a release
+    was lost with a killed worker, within the lease.
 I3 every created job ends
     It ran to a final outcome, or was dropped unrun.
 I4 nothing left behind
@@ -354,6 +356,37 @@ def _with_unrecorded_hand_overs(history: History) -> History:
     return History(history.events + unrecorded)
 
 
+def _created_with_lost_answers(
+    history: History, failed: dict[str, list[dict[str, Any]]]
+) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """Items of dispatches whose answer was lost, whose job was delivered all the same,
+    with when the job existed at the latest.
+
+    With store and broker on one server, one script reserves the keys and
+    enqueues the messages: when its answer is lost the job may exist, with its
+    key and its message, and is never undone. A delivery proves the script
+    ran (a store asked first publishes nothing before its answer). It ran
+    before its dispatch returned, and before anything named or delivered the job.
+    """
+    seen: dict[str, int] = {}
+    for event in itertools.chain(history.of("received"), history.of("start")):
+        seen[event["job"]] = min(seen.get(event["job"], event["t"]), event["t"])
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item["out"] == "reused" and item["job"] in seen:
+                seen[item["job"]] = min(seen[item["job"]], dispatch["t1"])
+    return [
+        (min(dispatch["t1"], seen[item["jid"]]), dispatch, item)
+        for dispatch in history.of("dispatch")
+        for item in dispatch["items"]
+        if item["out"] == "error"
+        and item.get("code") == "backend_unavailable"
+        and item.get("maybe_applied")
+        and item["jid"] in seen
+        and item["jid"] in failed
+    ]
+
+
 def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[str, Any]]]]:
     """Created jobs by id, and the items of failed dispatches by the job id they asked for."""
     jobs: dict[str, Job] = {}
@@ -366,6 +399,9 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
                 )
             elif item["out"] == "error":
                 failed[item["jid"]].append({**item, "proc": dispatch["proc"], "t1": dispatch["t1"]})
+    for created, dispatch, item in _created_with_lost_answers(history, failed):
+        job_id = item["jid"]
+        jobs[job_id] = Job(job_id, item.get("key"), item.get("scope"), created, dispatch, item)
     asked_for = _told_a_run_is_owed(history)
 
     def held_as(job_id: str, depth: int = 0) -> tuple[str | None, str | None]:
@@ -495,6 +531,9 @@ def check(history: History) -> Report:
         "messages lost by the Redis transport": len(lost),
         "uncertain publishes that ran": len(
             {e["job"] for e in history.of("start")} & set(failed) - set(jobs)
+        ),
+        "jobs created though their answer was lost": len(
+            _created_with_lost_answers(history, failed)
         ),
     }
     return Report(violations, counts)

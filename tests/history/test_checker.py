@@ -36,13 +36,15 @@ def reused(job: str, key: str | None = "k", match: str = "active", **extra: Any)
     return {"jid": "asked", "out": "reused", "job": job, "key": key, "match": match, **extra}
 
 
-def failed(jid: str, key: str = "k", maybe_applied: bool = True) -> dict[str, Any]:
+def failed(
+    jid: str, key: str = "k", maybe_applied: bool = True, scope: str = "active"
+) -> dict[str, Any]:
     return {
         "jid": jid,
         "out": "error",
         "job": None,
         "key": key,
-        "scope": "active",
+        "scope": scope,
         "code": "backend_unavailable",
         "maybe_applied": maybe_applied,
     }
@@ -153,6 +155,29 @@ def test_i2_allows_the_phantom_of_a_lost_answer_until_it_is_undone() -> None:
         dispatch(2.0, reused("L1"), proc="p1"),
     )
     assert violations(after) == {"I2": 1}
+
+
+def test_a_job_delivered_though_its_answer_was_lost_was_created() -> None:
+    """Store and broker on one server: a batch's script reserved L1 and enqueued it, and
+    the answer was lost (never undone). Reuses of L1 are no phantoms once L1 is
+    delivered, and L1 is held to every rule a created job is: it existed before the
+    first reuse named it, so J2, created after L1 (queued) started, may run beside it,
+    and L1 must end."""
+    lost = [
+        dispatch(1.0, failed("L1", scope="queued"), failed("L2"), took=2.0),
+        dispatch(1.2, reused("L1"), proc="p1"),
+        {"e": "received", "job": "L1", "t": int(1.4 * S)},
+        *run("L1", 1.5, 2.5),
+        released("L1", 1.51),
+        dispatch(1.6, created("J2", scope="exists"), proc="p1"),
+        *run("J2", 1.7, 1.9, pid=2),
+        released("J2", 1.91),
+    ]
+    assert violations(history(*lost)) == {}
+    assert check(history(*lost)).counts["jobs created though their answer was lost"] == 1
+    assert violations(history(*lost[:2])) == {"I2": 1}, "never delivered: a phantom"
+    unended = [event for event in lost if event.get("e") != "end" or event["job"] != "L1"]
+    assert violations(history(*unended)) == {"I3": 1}
 
 
 def test_i2_catches_a_finished_job_handed_out_long_after_its_end() -> None:

@@ -5,21 +5,25 @@ commands*, and a message routed to two queues is two commands: a batch sized
 by its number of items would flush part-way, and a failure after that would
 roll back the keys of jobs already published. The batch never flushes
 part-way, so when an item fails to publish, nothing has left.
+
+A queue is declared by the first message routed to it over a connection, not
+again by every message (a batch's, or single dispatches'), on both paths.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
-from kombu import Exchange, Queue
+from kombu import Exchange, Producer, Queue
 from kombu.exceptions import EncodeError
 
-from celery_unique import UniqueTask, dispatch_many
+from celery_unique import Disposition, UniqueTask, dispatch_many
 from celery_unique import config as unique_config
 from celery_unique.keyspace import ACTIVE, storage_key
 from tests.conftest import fresh_queue_name, redis_celery_config
@@ -91,3 +95,82 @@ def test_a_batch_that_fails_part_way_publishes_nothing_and_holds_nothing(
     # A batch that publishes: every message reaches both queues, one key per job.
     dispatch_many([job.s(f"ok{n}") for n in range(5)])
     assert [sum(broker.llen(lst) for lst in queue_lists(name)) for name in names] == [5, 5]
+
+
+@dataclass
+class Declaring:
+    """An app whose two queues are bound to a topic exchange, and the queues it declared."""
+
+    app: Celery
+    names: list[str]
+    job: Any
+    declared: list[str]
+
+    def queued(self, broker: Any) -> list[int]:
+        return [sum(broker.llen(lst) for lst in queue_lists(name)) for name in self.names]
+
+
+@pytest.fixture(params=["auto", False], ids=["one-script", "asked-first"])
+def declaring(
+    request: pytest.FixtureRequest, redis_url: str, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Declaring]:
+    names = [fresh_queue_name(), fresh_queue_name()]
+    exchange = Exchange(f"declared-{uuid.uuid4().hex}", type="topic")
+    settings = redis_celery_config()
+    del settings["result_backend"]
+    app = Celery("batchdeclare", set_as_current=False)
+    app.conf.update(
+        settings,
+        task_queues=[Queue(name, exchange, routing_key=f"to.{name}") for name in names],
+        task_default_queue=names[0],
+        unique_backend=redis_url,
+        unique_namespace=f"batchdeclare-{uuid.uuid4().hex}",
+        unique_colocated=request.param,
+        task_ignore_result=True,
+    )
+
+    @app.task(base=UniqueTask, shared=False, name="batchdeclare.job", unique_key=lambda j: j.key)
+    def job(key: str) -> None:
+        return None
+
+    declared: list[str] = []
+    maybe_declare = Producer.maybe_declare
+
+    def noting(self: Producer, entity: Any, *args: Any, **kwargs: Any) -> Any:
+        declared.append(entity.name)
+        return maybe_declare(self, entity, *args, **kwargs)
+
+    monkeypatch.setattr(Producer, "maybe_declare", noting)
+    yield Declaring(app, names, job, declared)
+    unique_config.reset(app)
+    app.close()
+    broker.delete(*(lst for name in names for lst in queue_lists(name)))
+    broker.delete(f"_kombu.binding.{exchange.name}")
+
+
+def test_a_batch_declares_each_queue_once_and_every_message_lands(
+    declaring: Declaring, broker: Any
+) -> None:
+    """Two queues first used by the batch: each is declared (its binding written) by its
+    first message only, and every message reaches its queue."""
+    names, job = declaring.names, declaring.job
+    results = dispatch_many([job.s(f"k{n}").set(queue=names[n % 2]) for n in range(10)])
+    assert len({result.id for result in results}) == 10
+    assert sorted(declaring.declared) == sorted(names), "each queue declared by its first message"
+    assert declaring.queued(broker) == [5, 5]
+
+
+def test_a_unique_dispatch_declares_its_queue_once_per_connection(
+    declaring: Declaring, broker: Any
+) -> None:
+    """kombu's cache of declared queues is asked first: a queue the connection declared is
+    not declared again by every message, and one that reconnected declares again."""
+    queue, job = declaring.names[1], declaring.job
+    for n in range(3):
+        assert job.apply_async((f"s{n}",), queue=queue).disposition is Disposition.CREATED
+    assert declaring.declared == [queue]
+    with declaring.app.producer_or_acquire() as producer:
+        producer.connection.declared_entities.clear()  # what kombu does as it reconnects
+    assert job.apply_async(("s3",), queue=queue).disposition is Disposition.CREATED
+    assert declaring.declared == [queue, queue]
+    assert declaring.queued(broker) == [0, 4]

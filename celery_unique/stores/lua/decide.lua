@@ -9,11 +9,14 @@
 --   handoff_from ("" none),
 --   on duplicate ("" reuse | "l" latest | "d" debounce), encoded arguments,
 --   debounce ms, debounce max ms ("" none)
--- Then, only for one claim whose store shares its Redis server with a Redis
--- broker: broker db, store db, queue key, message. A created job's message is
--- pushed to the broker's queue in this same script, before any key is written
--- (a refused push writes nothing): no reservation without its message, and no
--- message without its reservation.
+-- Then, only where the store shares its Redis server with a Redis broker:
+-- broker db, store db, and one triple per message, in publishing order: the
+-- claim it goes with (its position, from 1; 0: a job without uniqueness),
+-- queue key, message. A message is pushed to the broker's queue in this same
+-- script when its claim was created (and, in an all-or-nothing batch, only if
+-- no claim failed), before any key is written; the queues of several pushes
+-- are checked to be lists first, so a refused push writes nothing: no
+-- reservation without its message, and no message without its reservation.
 -- Returns: one string, a result per claim decided, results joined by 0x1E, each
 --   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", then
 --   conflicting ids... for a conflict; else effect ("" none | "arguments_replaced"
@@ -139,10 +142,33 @@ for i = 0, count - 1 do
 end
 
 local enqueue = 3 + count * 14
-if ARGV[enqueue] and count == 1 and string.sub(results[1], 1, 7) == "created" then
-  redis.call("SELECT", ARGV[enqueue])
-  redis.call("LPUSH", ARGV[enqueue + 2], ARGV[enqueue + 3])
-  redis.call("SELECT", ARGV[enqueue + 1])
+if ARGV[enqueue] and not (failed and all_or_nothing) then
+  local pushes = {}
+  for at = enqueue + 2, #ARGV, 3 do
+    local claim = tonumber(ARGV[at])
+    if claim == 0 or string.sub(results[claim] or "", 1, 7) == "created" then
+      pushes[#pushes + 1] = at
+    end
+  end
+  if #pushes > 0 then
+    redis.call("SELECT", ARGV[enqueue])
+    -- One push that is refused refuses the script before it wrote anything; a later
+    -- push refused would leave the earlier ones without their keys.
+    local checked = {}
+    for _, at in ipairs(#pushes > 1 and pushes or {}) do
+      local queue = ARGV[at + 1]
+      if not checked[queue] then
+        local kind = redis.call("TYPE", queue).ok
+        if kind ~= "list" and kind ~= "none" then
+          redis.call("SELECT", ARGV[enqueue + 1])
+          return redis.error_reply("WRONGTYPE queue " .. queue .. " is not a list")
+        end
+        checked[queue] = true
+      end
+    end
+    for _, at in ipairs(pushes) do redis.call("LPUSH", ARGV[at + 1], ARGV[at + 2]) end
+    redis.call("SELECT", ARGV[enqueue + 1])
+  end
 end
 
 if not (failed and all_or_nothing) then
