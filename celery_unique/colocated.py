@@ -33,6 +33,11 @@ whole batch and pushes the messages of the jobs it created (and of items
 without uniqueness), in order. A batch that could not be exact
 (:func:`suits_batch`, or a message kombu must send itself) asks the store
 first and publishes in one kombu batch instead.
+
+The same hold on a channel serves every deployment with a Redis broker: a
+unique job's message that kombu does publish goes through one redis-py
+client the channel keeps, where kombu would build one per command
+(:func:`unique_message`).
 """
 
 from __future__ import annotations
@@ -214,19 +219,45 @@ class _Hooked:
 def broker_db(channel: Any, rt: Runtime) -> int | None:
     """The database of ``channel`` if it is a Redis channel on the store's server (and
     hooked), else ``None``."""
-    if channel is None:
-        return None
-    hooked: _Hooked | bool | None = getattr(channel, "_celery_unique_put", False)
-    if hooked is False:
-        hooked = channel._celery_unique_put = _hook(channel)
+    hooked = _hooked(channel)
     colocated = rt.colocation
     if isinstance(hooked, _Hooked) and colocated and _same(colocated.server, hooked.server):
         return hooked.db
     return None
 
 
+def _hooked(channel: Any) -> _Hooked | None:
+    if channel is None:
+        return None
+    hooked = getattr(channel, "_celery_unique_put", False)
+    if hooked is False:
+        hooked = channel._celery_unique_put = _hook(channel)
+    return cast("_Hooked | None", hooked)
+
+
+_unique_put: ContextVar[bool] = ContextVar("celery_unique_unique_put", default=False)
+
+
+@contextmanager
+def unique_message(producer: Any) -> Iterator[None]:
+    """While the block publishes a unique job's message, its Redis channel lends one client.
+
+    kombu's Redis transport builds a new redis-py client for every command it
+    sends, which costs about as much as a dispatch's store round trip; the
+    commands are the same from a client kept by the channel. Other messages
+    take kombu's way unchanged.
+    """
+    _hooked(getattr(producer, "channel", None))
+    token = _unique_put.set(True)
+    try:
+        yield
+    finally:
+        _unique_put.reset(token)
+
+
 def _hook(given: Any) -> _Hooked | None:
-    """Divert a kombu Redis channel's puts to the store while a gate is armed."""
+    """Divert a kombu Redis channel's puts to the store while a gate is armed, and lend
+    a unique job's message one client."""
     from kombu.transport import redis as kombu_redis
 
     from celery_unique.stores.redis import _server_of
@@ -276,5 +307,17 @@ def _hook(given: Any) -> _Hooked | None:
             gate.let_out()
         return put_fanout(exchange, message, routing_key, **options)
 
+    create = channel._create_client
+
+    def _create_client(asynchronous: bool = False) -> Any:
+        if asynchronous or not _unique_put.get():
+            return create(asynchronous)
+        kept = channel.__dict__.get("_celery_unique_client")
+        # kombu replaces the pool when the connection is lost: a new one, a new client.
+        if kept is None or kept.connection_pool is not channel.pool:
+            kept = channel._celery_unique_client = create(False)
+        return kept
+
     channel._put, channel._put_fanout = _put, _put_fanout
+    channel._create_client = _create_client
     return hooked

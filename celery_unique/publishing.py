@@ -187,12 +187,16 @@ def install_gate(app: Celery) -> None:
                 # Asked as the message leaves: the decision travels with it.
                 _declared_already(amqp, producer, options)
                 resend.observe(job_id, message.headers)
-                result = colocated.send_armed(
-                    gate, producer, lambda: send(producer, name, message, **options)
-                )
+                with colocated.unique_message(producer):
+                    result = colocated.send_armed(
+                        gate, producer, lambda: send(producer, name, message, **options)
+                    )
+            elif pass_gate(job_id) is not None or colocated.capturing_now():
+                _declared_already(amqp, producer, options)  # a unique job's message
+                resend.observe(job_id, message.headers)
+                with colocated.unique_message(producer):
+                    result = send(producer, name, message, **options)
             else:
-                if pass_gate(job_id) is not None or colocated.capturing_now():
-                    _declared_already(amqp, producer, options)  # a unique job's message
                 resend.observe(job_id, message.headers)
                 result = send(producer, name, message, **options)
             resend.handed_over(job_id)

@@ -82,9 +82,12 @@ import threading
 import time
 import warnings
 from collections.abc import Generator, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 HOST = "127.0.0.1"
 
@@ -244,6 +247,27 @@ def _flushdb(url: str) -> None:
 def fresh_queue_name() -> str:
     """A queue name used by no other test, in this run or any other."""
     return f"celery-unique-tests-{os.getpid()}-{next(_queue_numbers)}"
+
+
+def redis_publisher(name: str, store_url: str, *, queue: str | None = None, **conf: Any) -> Celery:
+    """An app publishing to the Redis test broker, with its store at ``store_url``, a
+    namespace of its own (unless ``unique_namespace`` is given) and no result backend:
+    a created job would subscribe to its result channel. ``conf`` overrides the rest."""
+    import uuid
+
+    from celery import Celery
+
+    settings = redis_celery_config(queue)
+    del settings["result_backend"]
+    app = Celery(name, set_as_current=False)
+    app.conf.update(
+        settings,
+        unique_backend=store_url,
+        unique_namespace=f"{name}-{uuid.uuid4().hex}",
+        task_ignore_result=True,
+    )
+    app.conf.update(conf)
+    return app
 
 
 def redis_celery_config(queue: str | None = None) -> dict[str, Any]:

@@ -56,21 +56,11 @@ def round_key(race: Race, number: int) -> str:
 
 def build(race: Race) -> Any:
     """A Celery app on the race's queue and store, and its unique task."""
-    from celery import Celery
 
     from celery_unique import UniqueTask
-    from tests.conftest import redis_celery_config
+    from tests.conftest import redis_publisher
 
-    settings = redis_celery_config(race.queue)
-    # No result backend: a created job would subscribe to its result channel.
-    del settings["result_backend"]
-    app = Celery("race", set_as_current=False)
-    app.conf.update(
-        settings,
-        unique_backend=race.store_url,
-        unique_namespace=race.namespace,
-        task_ignore_result=True,
-    )
+    app = redis_publisher("race", race.store_url, queue=race.queue, unique_namespace=race.namespace)
 
     @app.task(shared=False, base=UniqueTask, name=TASK_NAME)
     def job(value: Any) -> Any:

@@ -26,7 +26,7 @@ from kombu.exceptions import EncodeError
 from celery_unique import Disposition, UniqueTask, dispatch_many
 from celery_unique import config as unique_config
 from celery_unique.keyspace import ACTIVE, storage_key
-from tests.conftest import fresh_queue_name, redis_celery_config
+from tests.conftest import fresh_queue_name, redis_publisher
 
 from .test_races import queue_lists
 
@@ -47,19 +47,14 @@ def fanned(redis_url: str, broker: Any) -> Iterator[tuple[Celery, list[str]]]:
     # Topic: for a direct exchange Celery sends straight to the queue, past the bindings.
     exchange = Exchange(f"fan-{uuid.uuid4().hex}", type="topic")
     queues = [Queue(name, exchange, routing_key="both") for name in names]
-    settings = redis_celery_config()
-    del settings["result_backend"]
-    app = Celery("batchpub", set_as_current=False)
-    app.conf.update(
-        settings,
+    app = redis_publisher(
+        "batchpub",
+        redis_url,
         task_queues=queues,
         task_default_queue=names[0],
         task_default_exchange=exchange.name,
         task_default_exchange_type="topic",
         task_default_routing_key="both",
-        unique_backend=redis_url,
-        unique_namespace=f"batchpub-{uuid.uuid4().hex}",
-        task_ignore_result=True,
     )
     app.finalize()
     with app.connection_for_write() as connection:
@@ -116,17 +111,12 @@ def declaring(
 ) -> Iterator[Declaring]:
     names = [fresh_queue_name(), fresh_queue_name()]
     exchange = Exchange(f"declared-{uuid.uuid4().hex}", type="topic")
-    settings = redis_celery_config()
-    del settings["result_backend"]
-    app = Celery("batchdeclare", set_as_current=False)
-    app.conf.update(
-        settings,
+    app = redis_publisher(
+        "batchdeclare",
+        redis_url,
         task_queues=[Queue(name, exchange, routing_key=f"to.{name}") for name in names],
         task_default_queue=names[0],
-        unique_backend=redis_url,
-        unique_namespace=f"batchdeclare-{uuid.uuid4().hex}",
         unique_colocated=request.param,
-        task_ignore_result=True,
     )
 
     @app.task(base=UniqueTask, shared=False, name="batchdeclare.job", unique_key=lambda j: j.key)

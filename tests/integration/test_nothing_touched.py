@@ -18,7 +18,6 @@ The proof, on a real Redis store and a real Redis broker:
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,7 +35,7 @@ from celery_unique import (
     UniqueTask,
 )
 from celery_unique import config as unique_config
-from tests.conftest import HOST, REDIS_TEST_DB, redis_celery_config, service_port
+from tests.conftest import HOST, REDIS_TEST_DB, redis_publisher, service_port
 from tests.faultproxy import FaultProxy
 
 from .test_races import queue_lists
@@ -77,20 +76,12 @@ def broker(celery_redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def app(tap: FaultProxy, broker: Any) -> Iterator[Celery]:
     """An app whose store is reached through ``tap`` and whose queue no worker consumes."""
-    settings = redis_celery_config()
-    del settings["result_backend"]  # a created job would subscribe to its result channel
-    app = Celery("untouched", set_as_current=False)
-    app.conf.update(
-        settings,
-        unique_backend=tap.url(REDIS_TEST_DB),
-        unique_namespace=f"untouched-{uuid.uuid4().hex}",
-        task_ignore_result=True,
-    )
+    app = redis_publisher("untouched", tap.url(REDIS_TEST_DB))
     app.finalize()
     yield app
     unique_config.reset(app)
     app.close()
-    queue = settings["task_default_queue"]
+    queue = app.conf.task_default_queue
     broker.delete(*queue_lists(queue), f"_kombu.binding.{queue}")
 
 

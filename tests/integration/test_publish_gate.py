@@ -11,7 +11,6 @@ body does not run), and ``before_task_publish`` never hears of the message.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +26,7 @@ from celery_unique import (
     UniqueTask,
 )
 from celery_unique import config as unique_config
-from tests.conftest import redis_celery_config
+from tests.conftest import redis_publisher
 
 from .test_races import queue_lists
 
@@ -44,20 +43,12 @@ def broker(celery_redis_url: str) -> Iterator[Any]:
 @pytest.fixture
 def app(redis_url: str, broker: Any) -> Iterator[Celery]:
     """A real Redis store and broker; its queue has no consumer."""
-    settings = redis_celery_config()
-    del settings["result_backend"]
-    app = Celery("gate", set_as_current=False)
-    app.conf.update(
-        settings,
-        unique_backend=redis_url,
-        unique_namespace=f"gate-{uuid.uuid4().hex}",
-        task_ignore_result=True,
-    )
+    app = redis_publisher("gate", redis_url)
     app.finalize()
     yield app
     unique_config.reset(app)
     app.close()
-    queue = settings["task_default_queue"]
+    queue = app.conf.task_default_queue
     broker.delete(*queue_lists(queue), f"_kombu.binding.{queue}")
 
 
