@@ -828,11 +828,16 @@ def _ms(value: int | None) -> int | str:
     return "" if value is None else value
 
 
+_VERDICTS = {verdict.value: verdict for verdict in Verdict}
+
+
 def _decision(result: str) -> Decision:
     verdict, job_id, drift, *rest = result.split(_US)
-    decided = Verdict(verdict)
+    decided = _VERDICTS[verdict]
     if decided.failed:
         return Decision(decided, job_id, policy_drift=drift == "1", conflicting_job_ids=tuple(rest))
+    if not rest:
+        return Decision(decided, job_id, policy_drift=drift == "1")
     effect, starts_in = ([*rest, "", ""])[:2]
     return Decision(
         decided,
