@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -183,22 +183,21 @@ def install_gate(app: Celery) -> None:
         def send_task_message(producer: Any, name: str, message: Any, **options: Any) -> Any:
             job_id = _job_id(message)
             gate = gate_for(job_id)
-            if gate is not None and not gate.resolved and gate.claim is not None:
-                # Asked as the message leaves: the decision travels with it.
+            # Asked as the message leaves: the decision travels with it.
+            armed = gate is not None and not gate.resolved and gate.claim is not None
+            unique = armed or pass_gate(job_id) is not None or colocated.capturing_now()
+            if unique:
                 _declared_already(amqp, producer, options)
-                resend.observe(job_id, message.headers)
-                with colocated.unique_message(producer):
-                    result = colocated.send_armed(
-                        gate, producer, lambda: send(producer, name, message, **options)
-                    )
-            elif pass_gate(job_id) is not None or colocated.capturing_now():
-                _declared_already(amqp, producer, options)  # a unique job's message
-                resend.observe(job_id, message.headers)
-                with colocated.unique_message(producer):
-                    result = send(producer, name, message, **options)
-            else:
-                resend.observe(job_id, message.headers)
-                result = send(producer, name, message, **options)
+            resend.observe(job_id, message.headers)
+
+            def publish() -> Any:
+                return send(producer, name, message, **options)
+
+            with colocated.unique_message(producer) if unique else nullcontext():
+                if armed and gate is not None:
+                    result = colocated.send_armed(gate, producer, publish)
+                else:
+                    result = publish()
             resend.handed_over(job_id)
             return result
 

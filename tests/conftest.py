@@ -80,6 +80,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Generator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -253,8 +254,6 @@ def redis_publisher(name: str, store_url: str, *, queue: str | None = None, **co
     """An app publishing to the Redis test broker, with its store at ``store_url``, a
     namespace of its own (unless ``unique_namespace`` is given) and no result backend:
     a created job would subscribe to its result channel. ``conf`` overrides the rest."""
-    import uuid
-
     from celery import Celery
 
     settings = redis_celery_config(queue)

@@ -836,8 +836,6 @@ def _decision(result: str) -> Decision:
     decided = _VERDICTS[verdict]
     if decided.failed:
         return Decision(decided, job_id, policy_drift=drift == "1", conflicting_job_ids=tuple(rest))
-    if not rest:
-        return Decision(decided, job_id, policy_drift=drift == "1")
     effect, starts_in = ([*rest, "", ""])[:2]
     return Decision(
         decided,

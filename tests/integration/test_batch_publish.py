@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 from kombu import Exchange, Producer, Queue
 from kombu.exceptions import EncodeError
@@ -31,13 +30,6 @@ from tests.conftest import fresh_queue_name, redis_publisher
 from .test_races import queue_lists
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def broker(celery_redis_url: str) -> Iterator[Any]:
-    client = redis.Redis.from_url(celery_redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

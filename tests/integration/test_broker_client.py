@@ -53,7 +53,7 @@ class Publishing:
 
 @pytest.fixture
 def publishing(
-    redis_url: str, celery_redis_url: str, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, broker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Publishing]:
     app = redis_publisher(
         "brokerclient",
@@ -81,14 +81,7 @@ def publishing(
     yield found
     unique_config.reset(app)
     app.close()
-    with redis.Redis.from_url(celery_redis_url) as broker:
-        broker.delete(*queue_lists(found.queue))
-
-
-@pytest.fixture
-def broker(celery_redis_url: str) -> Iterator[Any]:
-    with redis.Redis.from_url(celery_redis_url) as client:
-        yield client
+    broker.delete(*queue_lists(found.queue))
 
 
 def test_unique_messages_go_out_through_one_client_and_plain_ones_through_kombus(

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery
 
 from celery_unique import (
@@ -63,14 +62,6 @@ def tap(redis_url: str) -> Iterator[FaultProxy]:
     """A proxy in front of the Redis server that holds the store, recording every command."""
     with FaultProxy(HOST, service_port("redis")) as proxy:
         yield proxy
-
-
-@pytest.fixture
-def broker(celery_redis_url: str) -> Iterator[Any]:
-    """A client on the broker's Redis database."""
-    client = redis.Redis.from_url(celery_redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from celery import Celery, chain, group, signals
 from celery.exceptions import AlwaysEagerIgnored
 
@@ -31,13 +30,6 @@ from tests.conftest import redis_publisher
 from .test_races import queue_lists
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture
-def broker(celery_redis_url: str) -> Iterator[Any]:
-    client = redis.Redis.from_url(celery_redis_url)
-    yield client
-    client.close()
 
 
 @pytest.fixture
