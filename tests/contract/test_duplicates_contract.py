@@ -212,6 +212,20 @@ def test_in_batch_duplicates_follow_in_order(store: Store) -> None:
     assert begin(store, "j1", "r1").arguments == "args-3"
 
 
+def test_plain_duplicates_around_a_following_one_in_a_batch(store: Store) -> None:
+    """A plain reuse asks only who holds the key; the duplicate after it still follows the
+    whole hold, and the one after that sees what it left."""
+    store.decide([claim("j1", "args-1")])
+    plain = [Claim(job, "tasks.reindex", ActiveClaim(A, Scope.ACTIVE, LONG)) for job in "pq"]
+    decisions = store.decide([plain[0], claim("d1", "args-2"), plain[1]])
+    assert [(d.verdict, d.job_id, d.effect) for d in decisions] == [
+        (Verdict.REUSED_ACTIVE, "j1", None),
+        (Verdict.REUSED_ACTIVE, "j1", Effect.ARGUMENTS_REPLACED),
+        (Verdict.REUSED_ACTIVE, "j1", None),
+    ]
+    assert begin(store, "j1", "r1").arguments == "args-2"
+
+
 def test_a_job_whose_dispatch_did_not_choose_to_follow_is_never_owed_a_run(store: Store) -> None:
     """Its worker will not pass its key on: a duplicate asking for more is a plain reuse."""
     store.decide([claim("j1", "args-1", OnDuplicate.REUSE)])

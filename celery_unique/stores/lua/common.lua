@@ -37,6 +37,9 @@ local US = "\31"
 -- field by field costs more Lua time than the rest of a decision.
 local RECORD = "^([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)"
 
+-- A record's job field alone (RECORD's third capture).
+local JOB = "^[^\31]*\31?[^\31]*\31?([^\31]*)"
+
 local function decode(value)
   if not value then return nil end
   local kind, finished, job, task, fp, policy, since, run, from, follows, owed, args, due,

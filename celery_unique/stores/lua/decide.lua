@@ -34,7 +34,8 @@ local function since()
   return since_ms
 end
 local count = tonumber(ARGV[2])
-local overlay = {}   -- key -> record or false (deleted) written earlier in this batch
+local overlay = {}   -- key -> record as this batch read or wrote it, or false (none);
+                     -- a record's text until a claim needs more than its job
 local writes = {}    -- ordered {key, record, ttl}
 local results = {}
 local failed = false
@@ -42,10 +43,27 @@ local failed = false
 local function read(key)
   local r = overlay[key]
   if r == nil then
-    r = decode(redis.call("GET", key)) or false
+    r = redis.call("GET", key) or false
+    overlay[key] = r
+  end
+  if type(r) == "string" then
+    r = decode(r)
     overlay[key] = r
   end
   return r or nil
+end
+
+-- The job holding key, for a claim that needs no other field of its record: decoding
+-- the whole record costs a reused dispatch more than the rest of its decision. The
+-- record's text is kept, for a later claim of the batch that needs all of it.
+local function holder_of(key)
+  local r = overlay[key]
+  if r == nil then
+    r = redis.call("GET", key) or false
+    overlay[key] = r
+  end
+  if type(r) == "string" then return string.match(r, JOB) end
+  return r and r.job or nil
 end
 
 local function write(key, record, ttl)
@@ -64,8 +82,15 @@ for i = 0, count - 1 do
   local follow, args = ARGV[base + 10], ARGV[base + 11]
   local debounce, debounce_max = ARGV[base + 12], ARGV[base + 13]
 
-  local held = akey and read(akey) or nil
-  local holder = held and held.job or nil
+  -- A claim with an active key alone, reusing its holder as is, needs only the holder.
+  local held, holder
+  if wkey or follow ~= "" or handoff ~= "" then
+    held = akey and read(akey) or nil
+    holder = held and held.job or nil
+  else
+    holder = akey and holder_of(akey) or nil
+    held = holder and true or nil
+  end
   local remembered = wkey and read(wkey) or nil
   local hands_off = held and handoff ~= "" and holder == handoff and held.finished ~= "1"
   local result
