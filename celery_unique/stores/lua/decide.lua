@@ -55,7 +55,9 @@ end
 
 -- The job holding key, for a claim that needs no other field of its record: decoding
 -- the whole record costs a reused dispatch more than the rest of its decision. The
--- record's text is kept, for a later claim of the batch that needs all of it.
+-- record's text is kept, for a later claim of the batch that needs all of it. Its first
+-- lines are read's on purpose: a helper for both is one more closure in every call of
+-- the script, about 2,500 instructions (bench/script_cost.py), created dispatches too.
 local function holder_of(key)
   local r = overlay[key]
   if r == nil then
