@@ -43,6 +43,7 @@ client the channel keeps, where kombu would build one per command
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -105,12 +106,11 @@ def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
     if server is None:
         return "the store is not a single Redis server"
     try:
-        from kombu.transport import redis as kombu_redis
-
         transport = app.connection_for_write().transport
     except Exception as exc:  # an unknown transport name, a missing client library
         return f"the broker's transport cannot be loaded ({exc})"
-    if type(transport) is not kombu_redis.Transport:
+    kombu_redis = _kombu_redis()
+    if kombu_redis is None or type(transport) is not kombu_redis.Transport:
         return f"the broker is not kombu's Redis transport ({type(transport).__name__})"
     client: Any = transport.client
     host = client.hostname or "127.0.0.1"
@@ -121,6 +121,16 @@ def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
     if not _same(server, broker):
         return "the store and the broker are different Redis servers"
     return Colocation(server, f"{server[2] or f'{server[0]}:{server[1]}'}")
+
+
+def _kombu_redis() -> Any:
+    """kombu's Redis transport module if this process loaded it, else ``None``.
+
+    Never imported here: a broker on that transport has loaded it already, and
+    importing it otherwise needs what kombu's own ``redis`` extra installs
+    (``packaging``), which an app on another broker need not have.
+    """
+    return sys.modules.get("kombu.transport.redis")
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
@@ -258,12 +268,11 @@ def unique_message(producer: Any) -> Iterator[None]:
 def _hook(given: Any) -> _Hooked | None:
     """Divert a kombu Redis channel's puts to the store while a gate is armed, and lend
     a unique job's message one client."""
-    from kombu.transport import redis as kombu_redis
-
+    kombu_redis = _kombu_redis()
+    if kombu_redis is None or type(given) is not kombu_redis.Channel:
+        return None
     from celery_unique.stores.redis import _server_of
 
-    if type(given) is not kombu_redis.Channel:
-        return None
     channel: Any = given
     kwargs = channel.pool.connection_kwargs
     hooked = _Hooked(_server_of(kwargs), int(kwargs.get("db") or 0))
