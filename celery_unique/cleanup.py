@@ -53,6 +53,8 @@ UNDO_REPEATS_S = (1.0, 5.0, 30.0)
 #: Bounds of how long an owed write is retried.
 MIN_DEADLINE_S = 60.0
 MAX_DEADLINE_S = 24 * 3600.0
+#: At most this many writes are owed by one process; more are dropped (logged).
+MAX_OWED = 100_000
 
 
 @dataclass(eq=False)
@@ -111,12 +113,35 @@ class Cleanup(threading.Thread):
         self._in_flight = 0
         self._condition = threading.Condition()
         self._failing = False
+        self._overflowing = False
+        #: Writes dropped because ``MAX_OWED`` were owed already.
+        self.dropped = 0
 
     def owe(self, *items: Owed) -> None:
-        """Owe ``items``, together: the thread sees all of them or none yet."""
+        """Owe ``items``, together: the thread sees all of them or none yet.
+
+        Past ``MAX_OWED`` writes (a store down for long under a busy worker) new
+        ones are dropped with a warning: each write only hastens what the key's
+        lease does anyway, and memory must not grow without bound.
+        """
         with self._condition:
+            room = MAX_OWED - len(self._owed) - self._in_flight
+            if len(items) > room:
+                self._overflowed(items[max(0, room) :])
+                items = items[: max(0, room)]
             self._owed.extend(items)
             self._condition.notify_all()
+
+    def _overflowed(self, dropped: Sequence[Owed]) -> None:
+        self.dropped += len(dropped)
+        if not self._overflowing:
+            self._overflowing = True
+            logger.warning(
+                "more than %d store writes owed; dropping %s and further ones until "
+                "the backlog shrinks (the keys' leases free them)",
+                MAX_OWED,
+                dropped[0].what,
+            )
 
     def pending(self) -> int:
         with self._condition:
@@ -153,26 +178,44 @@ class Cleanup(threading.Thread):
                     self._condition.notify_all()
 
     def _next_batch(self) -> list[Owed]:
-        with self._condition:
-            while True:
-                now = time.monotonic()
-                ready = [item for item in list(self._owed) if self._ready(item, now)]
-                held = [item for item in self._owed if item not in ready]
-                sendable = _in_order(ready, held)
+        # What can go is worked out on a snapshot, outside the lock that every owe()
+        # takes (a worker's event loop owes each job's release), and in time linear in
+        # the backlog; the lock is held only to take the chosen writes out.
+        while True:
+            with self._condition:
+                snapshot = list(self._owed)
+            started = now = time.monotonic()
+            ready: list[Owed] = []
+            held: list[Owed] = []
+            gone: set[int] = set()
+            for item in snapshot:
+                go = self._ready(item, now)
+                if go is None:
+                    gone.add(id(item))
+                else:
+                    (ready if go else held).append(item)
+            sendable = _in_order(ready, held)
+            waits = [
+                item.due - now for item in held if item.after_exit_of is None and item.after is None
+            ]
+            if any(item.after_exit_of or item.after for item in held):
+                # Poll for a child's exit or an ack, never more than half the time.
+                waits.append(max(0.01, time.monotonic() - started))
+            taken = gone | {id(item) for item in sendable}
+            with self._condition:
+                if taken:
+                    self._owed = [item for item in self._owed if id(item) not in taken]
+                    self._condition.notify_all()
+                if len(self._owed) < MAX_OWED // 2:
+                    self._overflowing = False
                 if sendable:
-                    self._owed = [item for item in self._owed if item not in sendable]
                     self._in_flight += len(sendable)
                     return sendable
-                waits = [
-                    item.due - now
-                    for item in held
-                    if item.after_exit_of is None and item.after is None
-                ]
-                if any(item.after_exit_of or item.after for item in self._owed):
-                    waits.append(0.01)  # poll for a child's exit or an ack
-                self._condition.wait(max(0.001, min(waits)) if waits else None)
+                if len(self._owed) == len(snapshot) - len(gone):  # nothing owed meanwhile
+                    self._condition.wait(max(0.001, min(waits)) if waits else None)
 
-    def _ready(self, item: Owed, now: float) -> bool:
+    def _ready(self, item: Owed, now: float) -> bool | None:
+        """Whether ``item`` can be sent now; ``None``: it is no longer owed."""
         if item.due > now:
             return False
         if item.after_exit_of is not None:
@@ -183,10 +226,7 @@ class Cleanup(threading.Thread):
         if item.after is not None:
             go = item.after()
             if go is None or (not go and now >= item.deadline):
-                # No longer owed (or never will be): drop it, without sending.
-                self._owed.remove(item)
-                self._condition.notify_all()
-                return False
+                return None  # no longer owed (or never will be): dropped unsent
             if not go:
                 return False
             item.after = None

@@ -277,7 +277,7 @@ def _hook(given: Any) -> _Hooked | None:
     kwargs = channel.pool.connection_kwargs
     hooked = _Hooked(_server_of(kwargs), int(kwargs.get("db") or 0))
     put, put_fanout = channel._put, channel._put_fanout
-    dumps = kombu_redis.dumps  # type: ignore[attr-defined]
+    dumps = kombu_redis.dumps
 
     def _put(queue: str, message: Any, **options: Any) -> Any:
         gate, captured = _armed.get(), _captured.get()

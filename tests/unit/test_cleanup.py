@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+import pytest
+
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores.base import GOES_ON, Release
@@ -88,3 +90,53 @@ def test_work_done_before_a_release_waits_for_the_earlier_writes_of_its_key() ->
     )
     assert sender.flush(10)
     assert seen == [[ended]]
+
+
+def test_writes_past_the_bound_are_dropped_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process owes at most ``MAX_OWED`` writes: more are dropped (the lease frees their
+    keys), counted, and logged once per overflow rather than once per write."""
+    monkeypatch.setattr(cleanup, "MAX_OWED", 10)
+    store = MemoryStore()
+    sender = cleanup.Cleanup()  # not started: nothing is sent, so the backlog stays
+    owed = [
+        cleanup.Owed(
+            store=store,
+            what=f"release {n}",
+            deadline=cleanup.deadline_after(60),
+            release=Release(f"j{n}", f"k{n}", 0, None),
+        )
+        for n in range(15)
+    ]
+    with caplog.at_level("WARNING", logger="celery_unique"):
+        sender.owe(*owed[:8])
+        sender.owe(*owed[8:])
+        sender.owe(owed[0])
+    assert sender.pending() == 10
+    assert sender.dropped == 6
+    overflow = [r for r in caplog.records if "owed; dropping" in r.getMessage()]
+    assert len(overflow) == 1
+    assert "release 10" in overflow[0].getMessage()
+
+
+def test_a_write_no_longer_owed_leaves_the_backlog_unsent() -> None:
+    """A release whose wait answers ``None`` (its message came back) is dropped from what
+    is owed without being sent, while the rest of the backlog goes out."""
+    store = FlakyStore(failures=0)
+    sender = cleanup.Cleanup()
+    cancelled = Release("j1", "k1", 0, None)
+    kept = Release("j2", "k2", 0, None)
+    sender.owe(
+        cleanup.Owed(
+            store=store,
+            what="cancelled",
+            deadline=cleanup.deadline_after(60),
+            release=cancelled,
+            after=lambda: None,
+        ),
+        cleanup.Owed(store=store, what="kept", deadline=cleanup.deadline_after(60), release=kept),
+    )
+    sender.start()
+    assert sender.flush(10)
+    assert store.sent == [kept]
