@@ -34,6 +34,7 @@ from celery_unique import checks, keyspace, operations
 from celery_unique.config import runtime
 from celery_unique.exceptions import UniquenessError
 from celery_unique.explain import explain_dispatch
+from celery_unique.keyspace import shown
 from celery_unique.operations import KeyInfo, format_ms
 from celery_unique.stores.base import Store
 
@@ -144,7 +145,7 @@ def list_(
             ["KEY", "KIND", "SCOPE", "STATE", "JOB", "TASK", "EXPIRES IN"],
             [
                 [
-                    info.display_key,
+                    shown(info.display_key),
                     info.kind.value,
                     info.scope.value if info.scope else "-",
                     info.state,
@@ -162,7 +163,7 @@ def list_(
 
 def _describe(info: KeyInfo, state: str) -> str:
     rows = [
-        ("key", info.display_key),
+        ("key", shown(info.display_key)),
         ("storage key", info.printable_storage_key),
         ("kind", info.kind.value + (f" (while {info.scope.value})" if info.scope else "")),
         ("job", f"{info.job_id} ({state})"),
@@ -267,7 +268,7 @@ def reap(ctx: click.Context, apply: bool, as_json: bool) -> None:
                 ["KEY", "SCOPE", "JOB", "JOB STATE", "KEEP"],
                 [
                     [
-                        orphan.key.display_key,
+                        shown(orphan.key.display_key),
                         orphan.key.scope.value if orphan.key.scope else "-",
                         orphan.key.job_id,
                         orphan.state,

@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 #: ``unique_latest_max_bytes`` unless declared: the largest arguments a key stores.
 DEFAULT_LATEST_MAX_BYTES = 64 * 1024
+#: The most ``unique_latest_max_bytes`` may allow: a duplicate's arguments travel in
+#: its decision, which holds the store (a Redis server: every client) while it runs.
+MAX_LATEST_MAX_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,10 @@ def parse_policy(
     latest_max_bytes = base.latest_max_bytes
     raw = options.get("unique_latest_max_bytes")
     if raw is not None:
-        if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
+        if isinstance(raw, bool) or not isinstance(raw, int) or not 0 < raw <= MAX_LATEST_MAX_BYTES:
             raise InvalidDeclaration(
-                f"unique_latest_max_bytes must be a positive number of bytes, not {raw!r}"
+                "unique_latest_max_bytes must be a positive number of bytes, at most "
+                f"{MAX_LATEST_MAX_BYTES:,} (16 MiB), not {raw!r}"
             )
         latest_max_bytes = raw
     return DuplicatePolicy(on_duplicate, debounce_ms, debounce_max_ms, latest_max_bytes)

@@ -18,6 +18,7 @@ from celery.utils import uuid
 
 from celery_unique.config import runtime
 from celery_unique.dispatch import plan, take_dispatch_options
+from celery_unique.keyspace import shown
 from celery_unique.operations import KeyInfo, format_ms, printable
 from celery_unique.stores._records import Record, decide
 from celery_unique.stores.base import Effect, HeldKey, KeyKind, Scope, Verdict
@@ -83,7 +84,7 @@ class KeyReport:
         else:
             claim = f"window {format_ms(self.window_ms)}, fingerprint {self.fingerprint}"
         lines = [
-            f"{self.kind.value} key:  {self.display_key}  ({claim})",
+            f"{self.kind.value} key:  {shown(self.display_key)}  ({claim})",
             f"  storage key: {printable(self.storage_key)}",
         ]
         holder = self.holder

@@ -21,7 +21,12 @@ from __future__ import annotations
 import hashlib
 import re
 
-from celery_unique.exceptions import ImproperlyConfigured, InvalidJobId, InvalidKey
+from celery_unique.exceptions import (
+    ImproperlyConfigured,
+    InvalidDeclaration,
+    InvalidJobId,
+    InvalidKey,
+)
 
 MAX_KEY_BYTES = 512
 PREFIX = "unique:v1:"
@@ -81,6 +86,23 @@ def validate_job_id(job_id: str) -> str:
     return job_id
 
 
+def validate_task_name(name: object) -> None:
+    """Raise ``invalid_declaration`` if task ``name`` has a control character.
+
+    Stores keep the task's name in its keys' records and in key prefixes, beside
+    other fields; a control character there could shift them.
+    """
+    if not isinstance(name, str):
+        return
+    control = _CONTROL.search(name)
+    if control:
+        raise InvalidDeclaration(
+            f"task name {name!r} contains control character U+{ord(control.group()):04X} "
+            f"at position {control.start()}: a unique task's name is kept in its keys' "
+            "records, which cannot hold it exactly (rename the task)"
+        )
+
+
 #: Characters a namespace may not contain: the hash-tag braces would let one
 #: namespace's keys collide with another's, or leave a Redis Cluster hash tag empty.
 _NAMESPACE_FORBIDDEN = re.compile("[{}\x00-\x1f\x7f-\x9f]")
@@ -137,6 +159,25 @@ def hash_tag(stored: str) -> str:
     """The part of a storage key that Redis Cluster hashes to choose its slot."""
     start = stored.index("{") + 1
     return stored[start : stored.index("}", start)]
+
+
+def shown(text: str) -> str:
+    """``text`` for a terminal or a page: characters that print nothing or reorder
+    what follows (U+202E, zero-width spaces, other format and separator
+    characters) written as ``\\uXXXX``, so that two keys that look alike read apart.
+
+    Keys themselves stay exact: this is for showing them only.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        char
+        if char.isprintable()
+        else f"\\u{ord(char):04x}"
+        if ord(char) < 0x10000
+        else f"\\U{ord(char):08x}"
+        for char in text
+    )
 
 
 def display_key(scope: str, key: str) -> str:

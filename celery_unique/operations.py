@@ -151,8 +151,9 @@ def arguments_digest(stored: str | None) -> str | None:
 
 
 def printable(storage_key: str) -> str:
-    """A storage key with its unit separator written out, so it can be typed back."""
-    return storage_key.replace(keyspace.SEPARATOR, ESCAPED_SEPARATOR)
+    """A storage key with its unit separator (and any character that prints nothing or
+    reorders the text, as :func:`keyspace.shown` does) written out."""
+    return keyspace.shown(storage_key.replace(keyspace.SEPARATOR, ESCAPED_SEPARATOR))
 
 
 def format_ms(ms: int | None) -> str:

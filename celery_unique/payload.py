@@ -138,9 +138,26 @@ def _texts(option: str, paths: Sequence[str] | None) -> tuple[str, ...] | None:
 
 def _essential(paths: Sequence[Path]) -> frozenset[tuple[Segment, ...]]:
     """The paths that no other listed path contains (``.a`` makes ``.a.b`` redundant)."""
+    # A trie walk, linear in the paths' total length (comparing each path's
+    # prefixes as tuples would be quadratic in a path's length).
     listed = {path.segments for path in paths}
-    return frozenset(
-        segments
-        for segments in listed
-        if not any(segments[:length] in listed for length in range(1, len(segments)))
-    )
+    trie: dict[Any, Any] = {}
+    for segments in listed:
+        node = trie
+        for segment in segments:
+            node = node.setdefault(segment, {})
+        node[_END] = True
+    essential = []
+    for segments in listed:
+        node = trie
+        for segment in segments[:-1]:
+            node = node[segment]
+            if _END in node:
+                break
+        else:
+            essential.append(segments)
+    return frozenset(essential)
+
+
+#: Marks, in :func:`_essential`'s trie, a node where a listed path ends.
+_END = object()

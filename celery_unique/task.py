@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -20,6 +21,7 @@ from celery_unique.duplicates import DEFAULT_LATEST_MAX_BYTES
 from celery_unique.explain import Explanation, explain
 from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
+from celery_unique.keyspace import validate_task_name
 from celery_unique.publishing import install_gate
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
@@ -187,6 +189,7 @@ class UniqueMixin(_MixinBase):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Checked when the class is created, i.e. when the task is defined.
+        validate_task_name(inspect.getattr_static(cls, "name", None))
         cls.__unique__ = Declaration.from_class(cls)
 
     @classmethod

@@ -23,8 +23,12 @@ from celery import _state
 from celery_unique.checks.app import holds_key_while_running, plain_task_with_options, task_findings
 from celery_unique.checks.at_start import log_findings
 
-#: Names of the tasks published in this process (whatever their class).
+#: Names of the tasks published in this process (whatever their class), up to
+#: ``MAX_REMEMBERED``: an app that publishes ever new names (``send_task`` of names
+#: made at run time) must not grow it for ever. Past that it starts again, and a
+#: name is checked (its finding logged) once more.
 _published: set[str] = set()
+MAX_REMEMBERED = 10_000
 #: The UniqueTasks dispatched in this process: task objects, as two apps may share a name.
 _dispatched: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -33,6 +37,8 @@ def on_publish(sender: Any = None, **_: Any) -> None:
     """Log E020 the first time this process publishes a task that forgot ``base=UniqueTask``."""
     if sender in _published:
         return
+    if len(_published) >= MAX_REMEMBERED:
+        _published.clear()
     _published.add(sender)
     for task in _tasks_named(sender):
         found = plain_task_with_options(sender, task)

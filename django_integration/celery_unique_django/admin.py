@@ -76,7 +76,11 @@ def short_key(storage_key: str) -> str:
     """The key as HTML: without its task name (a column of its own), shortened; whole on hover."""
     _, _, scope, key = keyspace.split_storage_key(storage_key)
     short = key if len(key) <= SHORT_KEY else f"{key[: SHORT_KEY - 1]}…"
-    return format_html('<span title="{}">{}</span>', keyspace.display_key(scope, key), short)
+    return format_html(
+        '<span title="{}">{}</span>',
+        keyspace.shown(keyspace.display_key(scope, key)),
+        keyspace.shown(short),
+    )
 
 
 def describe_expiry(ms: int | None) -> str:

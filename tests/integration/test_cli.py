@@ -384,3 +384,24 @@ def test_release_of_an_ambiguous_key_names_the_candidates(cli_app: CliApp) -> No
     )
     assert narrowed.exit_code == 0, narrowed.output
     assert (cli_app.store.get(active) is not None, cli_app.store.get(window)) == (True, None)
+
+
+def test_keys_that_print_invisibly_are_kept_exact_and_shown_escaped(cli_app: CliApp) -> None:
+    """A key holding U+202E (which reorders the text after it) or a zero-width space is
+    stored exactly, and ``list`` and ``show`` write those characters as ``\\uXXXX``, so two
+    keys that look alike on a terminal read apart."""
+    tenant = "7\u202e1\u200b"
+    job = cli_app.module.report.delay(tenant)
+    stored = cli_app.storage_key("a", "cli.report", f"tenant:{tenant}")
+    assert cli_app.store.get(stored).job_id == job.id  # type: ignore[union-attr]
+
+    listing = cli_app.ok("list")
+    assert listing.splitlines()[1].split()[0] == "cli.report:tenant:7\\u202e1\\u200b"
+    shown = cli_app.ok("show", f"cli.report:tenant:{tenant}")
+    assert "key:          cli.report:tenant:7\\u202e1\\u200b" in shown.splitlines()
+    assert "\\u202e1\\u200b" in next(
+        line for line in shown.splitlines() if line.startswith("storage key:")
+    )
+    for output in (listing, shown):
+        assert "\u202e" not in output
+        assert "\u200b" not in output

@@ -67,3 +67,18 @@ def test_a_unique_task_s_own_warnings_come_at_its_first_dispatch_only(
     assert f"the reaper cannot free the keys of {name} " in no_result.getMessage()
     findings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("celery_")]
     assert len(findings) == 2
+
+
+def test_the_names_remembered_as_checked_are_bounded(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process publishing ever new task names keeps at most ``MAX_REMEMBERED`` of them:
+    past that the set starts again (a name is checked once more), never grows on."""
+    from celery_unique.checks import at_dispatch
+
+    monkeypatch.setattr(at_dispatch, "MAX_REMEMBERED", 5)
+    monkeypatch.setattr(at_dispatch, "_published", set())
+    for n in range(12):
+        at_dispatch.on_publish(sender=f"made.at.run.time.{n}")
+        assert len(at_dispatch._published) <= 5
+    assert "made.at.run.time.11" in at_dispatch._published

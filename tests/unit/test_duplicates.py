@@ -64,6 +64,7 @@ def define(app: Celery, **options: Any) -> Any:
         ),
         ({"unique_debounce_max": 5}, InvalidWindow, "needs unique_debounce"),
         ({"unique_latest_max_bytes": 0}, InvalidDeclaration, "positive number of bytes"),
+        ({"unique_latest_max_bytes": 16 * 2**20 + 1}, InvalidDeclaration, r"at most 16,777,216"),
     ],
 )
 def test_a_policy_that_cannot_work_is_refused_at_definition(

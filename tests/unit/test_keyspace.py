@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from celery_unique import InvalidKey
+from celery_unique import InvalidKey, keyspace
 from celery_unique.keyspace import (
     display_key,
     hash_tag,
@@ -105,3 +105,34 @@ def test_no_namespace_reads_another_namespaces_spread_keys() -> None:
     assert not of_ab.startswith(namespace_prefixes("a"))
     assert not of_a.startswith(namespace_prefixes("a:b"))
     assert split_storage_key(of_ab)[0] == "a:b"
+
+
+def test_shown_escapes_what_prints_nothing_or_reorders_and_keeps_the_rest() -> None:
+    """Bidi overrides, zero-width and other format or separator characters are written as
+    ``\\uXXXX`` (``\\UXXXXXXXX`` past the first plane); printable text, spaces included,
+    comes back as it is."""
+    assert keyspace.shown("tenant 7:é✓") == "tenant 7:é✓"
+    assert keyspace.shown("a\u202eb\u200bc\u2028d") == "a\\u202eb\\u200bc\\u2028d"
+    assert keyspace.shown("x\U000e0001") == "x\\U000e0001"
+
+
+def test_a_task_name_with_a_control_character_is_refused_when_defined() -> None:
+    """A control character in a unique task's name would shift the fields of its keys'
+    records: the task is refused at definition, with the position named."""
+    from celery import Celery
+
+    from celery_unique import UniqueTask
+    from celery_unique.exceptions import InvalidDeclaration
+
+    app = Celery("names", set_as_current=False)
+
+    def bad() -> None: ...
+
+    # A task of an app not finalized is created when first used: .name uses it.
+    with pytest.raises(InvalidDeclaration, match=r"U\+000A at position 3"):
+        app.task(base=UniqueTask, name="bad\nname", unique_key="k", shared=False)(bad).name  # noqa: B018
+
+    @app.task(base=UniqueTask, name="odd\u202ename", shared=False)
+    def odd() -> None: ...
+
+    assert odd.name == "odd\u202ename"  # not a control character: kept exactly

@@ -362,3 +362,17 @@ def test_spec_is_not_equal_to_other_types() -> None:
 def test_repr(spec: Payload, text: str) -> None:
     """The repr reads like the call that built the spec, paths as written."""
     assert repr(spec) == text
+
+
+def test_a_listed_path_inside_another_is_dropped_however_long_the_paths() -> None:
+    """``.a`` makes ``.a.b`` redundant, whatever their order or length; siblings stay.
+    Paths thousands of segments long are checked in time linear in their length."""
+    deep = "".join(f".s{n}" for n in range(5_000))
+    payload = {"a": {"b": 1, "c": 2}, "d": [1, 2]}
+    assert Payload(only=[".a.b", ".a", ".d[0]"]).digest(payload) == Payload(
+        only=[".a", ".d[0]"]
+    ).digest(payload)
+    assert Payload(only=[deep, deep[: len(deep) // 2]]).digest(payload) == Payload(
+        only=[deep[: len(deep) // 2]]
+    ).digest(payload)
+    assert Payload(only=[".a.b", ".a.c"]).digest(payload) != Payload(only=[".a.b"]).digest(payload)
