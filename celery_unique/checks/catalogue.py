@@ -145,6 +145,14 @@ CATALOGUE = _checks(
         "never runs until the lease",
         "set `broker_transport_options = {'confirm_publish': True}`",
     ),
+    Check(
+        "celery_unique.W029",
+        W,
+        "the Redis store refuses `CONFIG GET` (an ACL user without it, or a renamed "
+        "command): whether it evicts keys (E026) cannot be checked",
+        "make sure the store's `maxmemory-policy` is `noeviction` in the server's or "
+        "service's settings",
+    ),
 )
 
 

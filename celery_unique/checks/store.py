@@ -8,6 +8,7 @@ from typing import Any
 from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
 from celery_unique.checks.masking import masked, redacted
 from celery_unique.config import configured_backend_url, runtime
+from celery_unique.stores.base import EvictionUnknown
 
 #: How long an app's entry in the namespace registry counts without being renewed.
 REGISTRY_KEEP_MS = 7 * 24 * 3600 * 1000
@@ -60,7 +61,17 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
 
 
 def _eviction(store: Any, url: str) -> list[Finding]:
-    limits = store.eviction()
+    try:
+        limits = store.eviction()
+    except EvictionUnknown as exc:
+        return [
+            finding(
+                "celery_unique.W029",
+                "unique_backend",
+                f"could not read maxmemory-policy of the uniqueness store {masked(url)} "
+                f"({redacted(str(exc), url)}): whether it evicts keys is unknown",
+            )
+        ]
     if limits is None:
         return []
     maxmemory, policy = limits

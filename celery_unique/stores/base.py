@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from celery_unique.exceptions import BackendUnavailable
 
 
+
+class EvictionUnknown(Exception):
+    """The store may evict keys, but its settings cannot be read (a refused command)."""
+
 class Scope(str, enum.Enum):
     """How long an active-type key is held."""
 
@@ -452,7 +456,8 @@ class Store(ABC):
 
     def eviction(self) -> tuple[int, str] | None:
         """``(maxmemory in bytes, eviction policy)`` of a store that may evict keys when
-        full; ``None`` where that cannot happen or cannot be read."""
+        full; ``None`` where that cannot happen. Raises :class:`EvictionUnknown` where
+        the store could evict keys but will not say whether it does."""
         return None
 
     def register_app(

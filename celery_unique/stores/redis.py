@@ -31,6 +31,7 @@ from celery_unique.stores.base import (
     DecidedAlready,
     Decision,
     Effect,
+    EvictionUnknown,
     FollowUp,
     HeldKey,
     Hold,
@@ -594,11 +595,13 @@ class RedisStore(Store):
         return bool(self._call("forget", [key], [job_id or ""]))
 
     def eviction(self) -> tuple[int, str] | None:
-        try:
-            with self._commands():
+        with self._commands():
+            try:
                 config = self.client.config_get("maxmemory*")
-        except self._redis.ResponseError:
-            return None  # CONFIG is renamed or refused (managed services): cannot tell.
+            except self._redis.ResponseError as exc:
+                # CONFIG refused to this user (an ACL), or renamed (managed services):
+                # not an outage, and nothing to tell about the policy.
+                raise EvictionUnknown(f"CONFIG GET maxmemory* was refused: {exc}") from exc
         values = {_text(name or ""): _text(value or "") for name, value in config.items()}
         try:
             maxmemory = int(values.get("maxmemory", "0"))

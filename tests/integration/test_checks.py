@@ -268,6 +268,33 @@ def test_a_store_that_evicts_keys_is_an_error(
         server.stop()
 
 
+def test_a_store_user_refused_config_get_is_a_warning_not_an_unfinished_check(
+    make_app: Callable[..., Celery], tmp_path: Path
+) -> None:
+    """An ACL user limited to its keys may not run CONFIG GET: the eviction check cannot
+    tell and says so as W029 (a warning, which ``unique_strict_checks`` does not turn
+    into a stopped worker), instead of E013, and the password stays masked."""
+    require_redis_server()
+    server = RedisServer(free_port(), tmp_path, ["--maxmemory", "100mb"])
+    server.start()
+    try:
+        admin = redis.Redis.from_url(server.url())
+        admin.execute_command(
+            "ACL", "SETUSER", "keysonly", "on", ">s3cret-pw", "~*", "&*", "+@all", "-config"
+        )
+        admin.close()
+        app = make_app(
+            unique_backend=server.url(0).replace("redis://", "redis://keysonly:s3cret-pw@")
+        )
+        keyed(app)
+        [found] = checks.run(app)
+        assert found.id == "celery_unique.W029"
+        assert "could not read maxmemory-policy" in found.message
+        assert "s3cret-pw" not in found.message
+    finally:
+        server.stop()
+
+
 # -- as users run them -------------------------------------------------------------
 
 PROJECT = """
