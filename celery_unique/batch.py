@@ -201,7 +201,12 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
     rt = runtime(app)
     if not colocated.suits_batch(app, rt):
         return False
-    from celery_unique.stores.redis import Enqueued  # a Redis store, then
+    from celery_unique.stores.redis import Enqueued, script_parts  # a Redis store, then
+
+    if len(script_parts([item.plan.claim for item in planned])) > 1:  # type: ignore[union-attr]
+        # Too large for one script: decided in parts, so the messages of an early
+        # part could not be taken back if a later one is refused.
+        return False
 
     install_gate(app)
     sent: dict[int, Any] = {}

@@ -37,9 +37,9 @@ if TYPE_CHECKING:
     from celery_unique.exceptions import BackendUnavailable
 
 
-
 class EvictionUnknown(Exception):
     """The store may evict keys, but its settings cannot be read (a refused command)."""
+
 
 class Scope(str, enum.Enum):
     """How long an active-type key is held."""

@@ -71,6 +71,13 @@ _RS = "\x1e"
 _FOLLOWS = {policy.code: policy for policy in OnDuplicate}
 #: Connections a store's pool opens at most (``?max_connections=`` in the URL overrides it).
 POOL_CONNECTIONS = 100
+#: The most claims one decide script takes. A script holds the server (every client
+#: of it, the broker's too where they share it) while it runs, some 11 µs a claim on
+#: an idle machine: a larger batch is decided in parts, one script each, and other
+#: clients get in between. A 1,000-item batch is still one script.
+MAX_CLAIMS_PER_SCRIPT = 1_000
+#: ... and about this many bytes of claims (``latest`` arguments can be large).
+MAX_SCRIPT_BYTES = 4 * 1024 * 1024
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
@@ -317,8 +324,51 @@ class RedisStore(Store):
     ) -> PendingDecisions:
         if self._cluster:
             return DecidedAlready(self._decide_on_cluster(claims, all_or_nothing))
+        if len(script_parts(claims)) > 1:
+            return DecidedAlready(self._decide_in_parts(claims, all_or_nothing))
         keys, args = self._decide_arguments(claims, all_or_nothing)
         return _PendingScript(self, self._script_connection(), claims, keys, args)
+
+    def _decide_in_parts(self, claims: Sequence[Claim], all_or_nothing: bool) -> list[Decision]:
+        """Decide a batch too large for one script: in parts, one script each, in order.
+
+        Each part sees what the parts before it wrote, so items still behave as
+        if dispatched one after another. An all-or-nothing batch refused in one
+        part sends no later part and rolls back what the earlier ones created;
+        one that fails half-way is undone whole, as a lost decision is.
+        """
+        decisions: list[Decision] = [Decision(Verdict.CREATED, claim.job_id) for claim in claims]
+        decided = 0
+        try:
+            for start, stop in script_parts(claims):
+                part = claims[start:stop]
+                reply = self._call("decide", *self._decide_arguments(part, all_or_nothing))
+                decisions[start:stop] = self._decisions(part, reply)
+                decided = stop
+                if all_or_nothing and any(each.verdict.failed for each in decisions[start:stop]):
+                    break
+        except BackendUnavailable as failure:
+            failure.maybe_applied = True
+            cleanup.undo_decision(self, claims, failure)
+            raise
+        except BaseException:
+            self._roll_back_created(claims[:decided], decisions[:decided])
+            raise
+        if all_or_nothing and any(each.verdict.failed for each in decisions[:decided]):
+            self._roll_back_created(claims[:decided], decisions[:decided])
+        return decisions
+
+    def _roll_back_created(self, claims: Sequence[Claim], decisions: Sequence[Decision]) -> None:
+        """Roll back the claims of a failed all-or-nothing batch that a part created."""
+        created = [
+            claim
+            for claim, decision in zip(claims, decisions, strict=True)
+            if decision.verdict is Verdict.CREATED
+        ]
+        try:
+            self.rollback_many(created)
+        except BackendUnavailable:
+            cleanup.roll_back(self, created)  # again in the background, until it lands
 
     def _decide_on_cluster(self, claims: Sequence[Claim], all_or_nothing: bool) -> list[Decision]:
         """Decide on Redis Cluster: one script per hash slot the claims touch.
@@ -348,15 +398,7 @@ class RedisStore(Store):
             for index, decision in zip(group, decided, strict=True):
                 decisions[index] = decision
         if refused and all_or_nothing and len(replies) > 1:
-            created = [
-                claim
-                for claim, decision in zip(claims, decisions, strict=True)
-                if decision.verdict is Verdict.CREATED
-            ]
-            try:
-                self.rollback_many(created)
-            except BackendUnavailable:
-                cleanup.roll_back(self, created)  # again in the background, until it lands
+            self._roll_back_created(claims, decisions)
         return decisions
 
     def _script_connection(self) -> _Borrowed | Lane:
@@ -804,6 +846,24 @@ class _PendingScript(PendingDecisions):
         # A connection with an unread or broken reply must never be reused.
         self.connection.disconnect()
         self.held.done()
+
+
+def script_parts(claims: Sequence[Claim]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of the parts a batch is decided in on one server: at most
+    ``MAX_CLAIMS_PER_SCRIPT`` claims and about ``MAX_SCRIPT_BYTES`` each."""
+    parts: list[tuple[int, int]] = []
+    start = size = 0
+    for index, claim in enumerate(claims):
+        arguments = claim.active.arguments if claim.active else None
+        weight = 256 + len(arguments or "")
+        if index > start and (
+            index - start >= MAX_CLAIMS_PER_SCRIPT or size + weight > MAX_SCRIPT_BYTES
+        ):
+            parts.append((start, index))
+            start, size = index, 0
+        size += weight
+    parts.append((start, len(claims)))
+    return parts
 
 
 def resp_command(*parts: str | int) -> bytes:

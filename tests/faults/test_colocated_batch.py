@@ -69,6 +69,29 @@ def test_a_batch_is_one_script_call_in_all(
         assert store.get(job_key(spec, "b39")) is not None
 
 
+def test_a_batch_too_large_for_one_script_is_decided_in_parts_then_published(
+    spec: Spec, proxy: FaultProxy, services: RedisServer
+) -> None:
+    """1,500 items: more than one script takes, so the parts are decided first (two
+    scripts, each seeing the one before) and kombu publishes the created jobs' messages
+    after: a part's messages could not be taken back if a later part were refused."""
+    broker = broker_of(services)
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = broker.llen(spec.queue)
+        items = [keyed(task, f"p{n}") for n in range(1_500)]
+        items[1_200] = keyed(task, "p7")  # repeats an item of the first part
+        results, commands = sent_by(proxy, lambda: dispatch_many(items))
+        assert commands.count("EVALSHA") == 2
+        assert results[1_200].disposition is Disposition.REUSED
+        assert results[1_200].id == results[7].id
+        sent = new_messages(broker, spec.queue, queued)
+        assert [m["headers"]["id"] for m in sent] == [
+            r.id for n, r in enumerate(results) if n != 1_200
+        ]
+
+
 def test_a_conflict_writes_and_pushes_nothing_unless_told_to_go_on(
     spec: Spec, proxy: FaultProxy, services: RedisServer
 ) -> None:
