@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -127,6 +128,77 @@ class RedisServer:
             self.process.kill()
             self.process.wait(timeout=10)
         self.process = None
+
+
+class RabbitMQNode:
+    """A RabbitMQ node of one test: its own name, port, data and config, so that
+    stopping or restarting it never touches the machine's own broker.
+
+    The server runs as the ``rabbitmq`` user (Debian's ``rabbitmq-server`` switches
+    to it), so its directory is one of its own in the system's temporary directory
+    (a test's ``tmp_path`` sits under a directory only root may enter), handed to
+    that user, and removed when the node stops.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.directory = Path(tempfile.mkdtemp(prefix=f"celery-unique-rabbitmq-{port}-"))
+        self.name = f"celery-unique-{port}@localhost"
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@{HOST}:{self.port}//"
+
+    def start(self) -> None:
+        """Boot the node, and wait until it serves."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / "enabled_plugins").write_text("[].\n")
+        (self.directory / "rabbitmq.conf").write_text(f"listeners.tcp.local = {HOST}:{self.port}\n")
+        with suppress(KeyError, PermissionError):
+            shutil.chown(self.directory, "rabbitmq", "rabbitmq")
+            for path in self.directory.iterdir():
+                shutil.chown(path, "rabbitmq", "rabbitmq")
+        env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.name,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.port + 20_000),
+            "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq.conf"),
+            "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.directory / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
+        }
+        subprocess.run(
+            ["rabbitmq-server", "-detached"], env=env, capture_output=True, check=True, timeout=60
+        )
+        # await_startup fails at once until the node has registered its name.
+        polling.eventually(
+            lambda: self.ctl("await_startup", "--timeout", "30", check=False).returncode == 0,
+            timeout=90,
+            what=f"RabbitMQ node {self.name}",
+        )
+
+    def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """``rabbitmqctl`` against this node."""
+        return subprocess.run(
+            ["rabbitmqctl", "-n", self.name, *args],
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=60,
+        )
+
+    def restart_app(self) -> None:
+        """Stop and start the broker application: every connection is dropped."""
+        self.ctl("stop_app")
+        self.ctl("start_app")
+
+    def stop(self) -> None:
+        self.ctl("stop", check=False)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def rabbitmq_node_available() -> bool:
+    return shutil.which("rabbitmq-server") is not None and shutil.which("rabbitmqctl") is not None
 
 
 def free_cluster_port() -> int:

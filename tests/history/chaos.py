@@ -56,7 +56,7 @@ from tests.history.broker_log import (
     removed_unacknowledged,
 )
 from tests.history.checker import DESCRIPTIONS, History, Report, build_jobs, check
-from tests.processes import REPO, RedisServer, Worker, free_port, group_members
+from tests.processes import REPO, RabbitMQNode, RedisServer, Worker, free_port, group_members
 
 HOST = "127.0.0.1"
 PRODUCERS = 3
@@ -137,6 +137,12 @@ class Run:
         if config.broker == "redis":
             (servers / "broker").mkdir()
             self.broker = RedisServer(free_port(), servers / "broker", durable + history)
+        #: RabbitMQ as the broker: a node of the run's own, restarted at will.
+        self.rabbitmq: RabbitMQNode | None = None
+        if config.broker == "rabbitmq":
+            self.rabbitmq = RabbitMQNode(free_port())
+            self.rabbitmq.start()
+            stack.callback(self.rabbitmq.stop)
         for server in (self.marks, self.store, self.broker):
             if server is not None:
                 server.start()
@@ -156,7 +162,8 @@ class Run:
         elif self.broker is not None:
             broker_url = self.broker.url(0)
         else:
-            broker_url = f"amqp://guest:guest@{HOST}:5672//"
+            assert self.rabbitmq is not None
+            broker_url = self.rabbitmq.url()
         self.spec = Spec(
             history=str(directory),
             broker_url=broker_url,
@@ -299,8 +306,8 @@ class Run:
         if self.broker is not None:
             self.restart(self.broker)
         else:
-            subprocess.run(["rabbitmqctl", "stop_app"], check=True, capture_output=True)
-            subprocess.run(["rabbitmqctl", "start_app"], check=True, capture_output=True)
+            assert self.rabbitmq is not None
+            self.rabbitmq.restart_app()
 
     def heal(self) -> None:
         self.proxy.heal()
@@ -322,12 +329,8 @@ class Run:
                 return waiting == 0 and client.hlen("unacked") == 0
             finally:
                 client.close()
-        listed = subprocess.run(
-            ["rabbitmqctl", "-q", "list_queues", "name", "messages"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        assert self.rabbitmq is not None
+        listed = self.rabbitmq.ctl("-q", "list_queues", "name", "messages").stdout
         for line in listed.splitlines():
             parts = line.split()
             if parts and parts[0] == self.spec.queue:

@@ -54,7 +54,9 @@ def test_no_violation_with_store_and_broker_on_one_server(tmp_path: Path) -> Non
 
 @pytest.mark.rabbitmq
 def test_no_violation_under_random_faults_on_rabbitmq(tmp_path: Path) -> None:
-    """The same with RabbitMQ as the broker (restarted with rabbitmqctl stop_app/start_app)."""
+    """The same with RabbitMQ as the broker: a node of the run's own (own port, data and
+    name), restarted with ``rabbitmqctl stop_app``/``start_app``; the machine's broker is
+    never touched."""
     outcome = play(Config(seconds=SECONDS, seed=21, broker="rabbitmq", directory=tmp_path))
     assert outcome.report.counts["created"] > 20
     assert outcome.ok, "\n".join(
