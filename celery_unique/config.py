@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from celery import Celery
 
@@ -125,8 +128,48 @@ def configured_backend_url(app: Celery) -> str | None:
         return str(url)
     broker = app.conf.broker_url or ""
     if isinstance(broker, str) and broker.split("://", 1)[0] in ("redis", "rediss"):
-        return broker
+        return with_broker_tls(broker, app.conf.get("broker_use_ssl"))
     return None
+
+
+#: ``broker_use_ssl`` entries the store's Redis client takes as they are.
+_TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
+def with_broker_tls(url: str, use_ssl: object) -> str:
+    """The broker's Redis URL as the store opens it: over TLS, with the broker's
+    certificates, when ``broker_use_ssl`` puts the broker on TLS.
+
+    kombu connects a ``redis://`` broker over TLS when ``broker_use_ssl`` is set;
+    a store opened from the same URL without it would talk in plain text, its
+    password (``AUTH``) included, or fail against a TLS-only server.
+    """
+    if not use_ssl:
+        return url
+    scheme, _, rest = url.partition("://")
+    query: dict[str, str] = {}
+    if isinstance(use_ssl, Mapping):
+        for name, value in use_ssl.items():
+            if name not in _TLS_OPTIONS:
+                raise ImproperlyConfigured(
+                    f"broker_use_ssl option {name!r} cannot be passed on to the uniqueness "
+                    "store, which uses the broker's Redis: set unique_backend to a rediss:// "
+                    f"URL with its TLS options (the store takes {', '.join(_TLS_OPTIONS)})"
+                )
+            query[name] = (
+                _CERT_REQS.get(value, str(value)) if name == "ssl_cert_reqs" else str(value)
+            )
+    elif use_ssl is not True:
+        raise ImproperlyConfigured(
+            f"broker_use_ssl must be True or a dict of TLS options, not {use_ssl!r}"
+        )
+    tls_url = f"rediss://{rest}" if scheme == "redis" else url
+    if not query:
+        return tls_url
+    return f"{tls_url}{'&' if '?' in rest else '?'}{urlencode(query)}"
+
+
+_CERT_REQS = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional", ssl.CERT_REQUIRED: "required"}
 
 
 def _backend_url(app: Celery) -> str:
