@@ -14,8 +14,10 @@ The path is taken only where it is exact; every other dispatch asks the store
 first, as on any other deployment:
 
 * the app's broker is kombu's Redis transport (not Sentinel) on the server
-  the store uses (same host and port, or same socket; any database), the
-  store is a plain Redis store, and ``unique_colocated`` is not ``False``;
+  the store uses (same host and port, or same socket; any database), reached
+  the same way (TLS or not) as the same user with the same password (the
+  script that pushes the message runs with the store's rights), the store is
+  a plain Redis store, and ``unique_colocated`` is not ``False``;
 * the producer's channel really is such a channel (``connection=`` may name
   another broker), and its publish is one ``_put`` of kombu's (not a fanout
   exchange, a batch, or a queue with ``x-expires``, whose extra commands
@@ -95,9 +97,7 @@ def colocation(app: Celery, rt: Runtime) -> Colocation | None:
 
 def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
     """The server store and broker share, or why they do not."""
-    from celery_unique.config import setting
-
-    if setting(app, "unique_colocated") is False:
+    if not rt.colocated:
         return "unique_colocated is False"
     from celery_unique.stores.redis import RedisStore
 
@@ -112,15 +112,33 @@ def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
     kombu_redis = _kombu_redis()
     if kombu_redis is None or type(transport) is not kombu_redis.Transport:
         return f"the broker is not kombu's Redis transport ({type(transport).__name__})"
-    client: Any = transport.client
-    host = client.hostname or "127.0.0.1"
-    if "://" in host:  # socket://path, as kombu reads it
-        broker: tuple[Any, ...] = (None, 6379, "/" + host.partition("://")[2].lstrip("/"))
-    else:
-        broker = (host, int(client.port or 6379), None)
-    if not _same(server, broker):
+    broker = _broker_server(transport.client)
+    if not _same(server[:3], broker[:3]):
         return "the store and the broker are different Redis servers"
+    if not _same(server, broker):
+        # The script that pushes a message runs with the store's rights, on the
+        # store's connection: only the broker's own user is sure to have them.
+        return "the store and the broker connect to their Redis server as different users"
     return Colocation(server, f"{server[2] or f'{server[0]}:{server[1]}'}")
+
+
+def _broker_server(client: Any) -> tuple[Any, ...]:
+    """Where and as whom kombu's Redis transport connects for ``client`` (a kombu
+    ``Connection``), as :func:`celery_unique.stores.redis.server_of` tells it of a pool."""
+    import hashlib
+
+    host = client.hostname or "127.0.0.1"
+    user, password = client.userid or None, client.password or None
+    if "://" in host:  # socket://[user:password@]path, as kombu reads it
+        from kombu.utils.url import url_to_parts
+
+        parts = url_to_parts(host)
+        place: tuple[Any, ...] = (None, 6379, "/" + str(parts.path or "").lstrip("/"))
+        user, password = parts.username, parts.password
+    else:
+        place = (host, int(client.port or 6379), None)
+    digest = hashlib.sha256(str(password).encode()).hexdigest() if password else None
+    return (*place, bool(client.ssl), user, digest)
 
 
 def _kombu_redis() -> Any:
@@ -134,9 +152,12 @@ def _kombu_redis() -> Any:
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    """Whether two servers (and whatever else the tuples name after the place) are one."""
     if a[2] or b[2]:
-        return bool(a[2] == b[2])
-    return bool(_host(a[0]) == _host(b[0]) and a[1] == b[1])
+        place = bool(a[2] == b[2])
+    else:
+        place = bool(_host(a[0]) == _host(b[0]) and a[1] == b[1])
+    return place and a[3:] == b[3:]
 
 
 def _host(name: Any) -> str:
@@ -271,17 +292,21 @@ def _hook(given: Any) -> _Hooked | None:
     kombu_redis = _kombu_redis()
     if kombu_redis is None or type(given) is not kombu_redis.Channel:
         return None
-    from celery_unique.stores.redis import _server_of
+    from celery_unique.stores.redis import server_of
 
     channel: Any = given
-    kwargs = channel.pool.connection_kwargs
-    hooked = _Hooked(_server_of(kwargs), int(kwargs.get("db") or 0))
+    pool = channel.pool
+    hooked = _Hooked(server_of(pool), int(pool.connection_kwargs.get("db") or 0))
     put, put_fanout = channel._put, channel._put_fanout
     dumps = kombu_redis.dumps
 
     def _put(queue: str, message: Any, **options: Any) -> Any:
         gate, captured = _armed.get(), _captured.get()
         if captured is None and (gate is None or gate.resolved):
+            if gate is not None:
+                # kombu retrying the publish: only a decision that lets the job out
+                # (or fail-open's none) may; a failed decision raises its error again.
+                gate.resolve()
             return put(queue, message, **options)
         expires = getattr(channel, "_expires", None)
         if "_publish_batch" in options or (expires and queue in expires):
@@ -312,8 +337,8 @@ def _hook(given: Any) -> _Hooked | None:
         if _captured.get() is not None:
             raise Uncapturable(exchange)
         gate = _armed.get()
-        if gate is not None and not gate.resolved:
-            gate.let_out()
+        if gate is not None:
+            gate.let_out()  # a failed decision raises its error again, on a retry too
         return put_fanout(exchange, message, routing_key, **options)
 
     create = channel._create_client

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 from celery import Celery
 
+from celery_unique.booleans import parse_bool
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import SPREADS, validate_namespace
@@ -57,6 +58,8 @@ class Runtime:
     _store: Store | None = None
     #: Set while the store is unreachable under fail-open, to warn once per outage.
     outage: bool = False
+    #: ``unique_colocated``: whether store and broker may share a script.
+    colocated: bool = True
     #: The server shared by store and broker (:mod:`celery_unique.colocated`);
     #: ``False`` until worked out.
     colocation: Any = False
@@ -93,6 +96,25 @@ def setting(app: Celery, name: str) -> Any:
     return DEFAULTS[name] if value is None else value
 
 
+def flag(app: Celery, name: str) -> bool:
+    """A boolean setting, parsed strictly (:func:`celery_unique.booleans.parse_bool`)."""
+    return parse_bool(setting(app, name), name)
+
+
+def colocating(app: Celery) -> bool:
+    """``unique_colocated``: ``"auto"`` (or true) lets store and broker share a script;
+    false never does."""
+    value = setting(app, "unique_colocated")
+    if isinstance(value, str) and value.lower() == "auto":
+        return True
+    try:
+        return parse_bool(value, "unique_colocated")
+    except ImproperlyConfigured:
+        raise ImproperlyConfigured(
+            f'unique_colocated must be "auto" or False, not {value!r}'
+        ) from None
+
+
 def _build(app: Celery) -> Runtime:
     lease = setting(app, "unique_lease")
     expires = app.conf.get("result_expires")
@@ -101,9 +123,7 @@ def _build(app: Celery) -> Runtime:
         retention_ms = parse_duration_ms(expires, "result_expires")
     except Exception as exc:
         raise ImproperlyConfigured(str(exc)) from exc
-    colocated = setting(app, "unique_colocated")
-    if colocated not in ("auto", True, False):
-        raise ImproperlyConfigured(f'unique_colocated must be "auto" or False, not {colocated!r}')
+    colocated = colocating(app)
     spread = setting(app, "unique_key_spread")
     if spread not in SPREADS:
         raise ImproperlyConfigured(
@@ -112,11 +132,12 @@ def _build(app: Celery) -> Runtime:
     return Runtime(
         backend_url=_backend_url(app),
         namespace=validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery")),
-        fail_open=bool(setting(app, "unique_fail_open")),
+        fail_open=flag(app, "unique_fail_open"),
         lease_ms=lease_ms or None,
         # Celery reads a result_expires of 0 or None as "never expire".
         default_retention_ms=retention_ms or None,
         spread_keys=spread == "key",
+        colocated=colocated,
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery_unique.arguments import ArgumentView, Binder
+from celery_unique.booleans import parse_bool
 from celery_unique.duplicates import DuplicatePolicy, parse_policy
 from celery_unique.durations import parse_duration_ms, parse_window
 from celery_unique.exceptions import (
@@ -111,9 +112,7 @@ def parse_scope(value: object) -> Scope:
 
 
 def parse_prefix(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidDeclaration(f"unique_prefix must be True or False, not {value!r}")
-    return value
+    return parse_bool(value, "unique_prefix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +169,7 @@ class Declaration:
             window_key=window_key,
             window_ms=window_ms,
             prefix=parse_prefix(options.get("unique_prefix", True)),
-            overridable=bool(options.get("unique_overridable", False)),
+            overridable=parse_bool(options.get("unique_overridable", False), "unique_overridable"),
             duplicates=duplicates,
         )
 

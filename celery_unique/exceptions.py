@@ -143,6 +143,31 @@ class ImproperlyConfigured(UniquenessError):
     code = "improperly_configured"
 
 
+class InvalidBoolean(ImproperlyConfigured, InvalidDeclaration):
+    """A boolean setting or option is neither True/False nor a string that says one."""
+
+    code = "improperly_configured"
+
+    def __init__(self, message: str, setting: str, value: object) -> None:
+        super().__init__(message)
+        #: The setting or option, as the app or the task names it.
+        self.setting = setting
+        self.value = value
+
+
+class StoreRefused(ImproperlyConfigured, BackendUnavailable):
+    """The store refuses what its settings ask of it (a database number it does not have,
+    an ACL user without a key or command the library needs); nothing was published.
+
+    Coded ``improperly_configured``: waiting does not help, the settings must
+    change. A :class:`BackendUnavailable` as well, so that the store's every
+    caller treats it as it treats an outage (``unique_fail_open`` applies, a
+    release is retried in the background).
+    """
+
+    code = "improperly_configured"
+
+
 class UniquenessWarning(UserWarning):
     """Base of the warnings celery-unique emits when a duplicate changes what a caller holds."""
 

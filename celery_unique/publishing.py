@@ -86,6 +86,9 @@ class Gate:
         #: Not asked yet: the store is asked as the message leaves (:mod:`colocated`).
         self.claim = claim
         self.resolved = pending is None and claim is None
+        #: Why the decision failed, if it did: raised again wherever the job would
+        #: leave, so that a retried publish can never pass a gate that has no decision.
+        self.failure: BaseException | None = None
         #: Whether the job really went out through a gate (the broker or an eager run).
         self.passed = False
         #: Whether the store pushed the message itself, with its decision.
@@ -104,9 +107,15 @@ class Gate:
                 self.decision = self._answer(ask)
             except BackendUnavailable as error:
                 if not tolerate_outage(self.rt, error):
+                    self.failure = error
                     raise
+            except BaseException as error:
+                self.failure = error
+                raise
             else:
                 store_answered(self.rt)
+        if self.failure is not None:
+            raise self.failure
         if self.decision is not None and not self.decision.verdict.publishes:
             raise NotPublished
         return self.decision
@@ -129,6 +138,8 @@ class Gate:
         """After a failed publish: did the store create this job (so it must be undone)?"""
         if not self.resolved and self._pending is None:
             self.resolved = True  # never asked: the failure came before the message left
+            return False
+        if self.failure is not None:
             return False
         try:
             self.resolve()

@@ -9,7 +9,8 @@ from typing import Any
 from celery_unique.checks import run
 from celery_unique.checks.app import uses_celery_unique
 from celery_unique.checks.catalogue import Finding
-from celery_unique.config import setting
+from celery_unique.config import flag
+from celery_unique.exceptions import ImproperlyConfigured
 
 logger = logging.getLogger("celery_unique")
 
@@ -26,7 +27,11 @@ def check_at_worker_start(app: Any) -> None:
     findings = run(app)
     log_findings(findings)
     errors = [each.id for each in findings if each.is_error]
-    if errors and setting(app, "unique_strict_checks"):
+    try:
+        strict = flag(app, "unique_strict_checks")
+    except ImproperlyConfigured as exc:
+        raise SystemExit(f"celery-unique: the worker does not start: {exc}") from exc
+    if errors and strict:
         raise SystemExit(
             f"celery-unique: the worker does not start: {', '.join(errors)} "
             "(unique_strict_checks=True)"

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.resources
 import json
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery_unique import cleanup
-from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured, StoreRefused
 from celery_unique.keyspace import PREFIX, split_storage_key
 from celery_unique.stores._records import claim_keys, owed_run
 from celery_unique.stores.base import (
@@ -113,7 +115,6 @@ OUTAGE_REPLIES = frozenset(
         "TRYAGAIN",
         "NOREPLICAS",
         "MISCONF",
-        "NOPERM",
     }
 )
 #: redis-py's classes for some of them (it strips the code from their message).
@@ -124,7 +125,16 @@ _OUTAGE_CLASSES = (
     "MasterDownError",
     "ClusterDownError",
     "TryAgainError",
-    "NoPermissionError",
+)
+#: Replies that say the server refuses what the store's settings ask of it, which no
+#: wait will change: a database number it does not have (or any, on a cluster), an
+#: ACL user without a command or key the library needs. Redis 7.0 reports an ACL
+#: refusal inside a script without its ``NOPERM`` code, and redis-py strips the code
+#: from the others.
+_REFUSALS = re.compile(
+    r"^NOPERM\b|no permissions|user executing the script can't"
+    r"|DB index is out of range|invalid DB index|SELECT is not allowed in cluster mode",
+    re.IGNORECASE,
 )
 
 
@@ -139,6 +149,13 @@ def _outage_types() -> tuple[type[BaseException], ...]:
     return (redis.ConnectionError, redis.TimeoutError, OSError, *named)
 
 
+@functools.cache
+def _store_error_types() -> tuple[type[BaseException], ...]:
+    """Everything redis-py (or the socket under it) raises about the store."""
+    redis = _import_redis()
+    return (redis.RedisError, redis.exceptions.RedisClusterException, OSError)
+
+
 def is_outage(error: BaseException) -> bool:
     """Whether ``error`` (raised by redis-py) means the store cannot serve right now."""
     if isinstance(error, _outage_types()):
@@ -149,6 +166,54 @@ def is_outage(error: BaseException) -> bool:
         code = str(error).split(" ", 1)[0].lstrip("-").upper()
         return code in OUTAGE_REPLIES
     return False
+
+
+def is_refusal(error: BaseException) -> bool:
+    """Whether ``error`` (raised by redis-py) says the store's settings ask what the server
+    refuses (:data:`_REFUSALS`)."""
+    redis = _import_redis()
+    return isinstance(error, redis.ResponseError) and bool(_REFUSALS.search(str(error)))
+
+
+def store_failure(
+    error: BaseException, *, maybe_applied: bool = False
+) -> BackendUnavailable | None:
+    """The coded error standing for ``error`` raised by redis-py or its socket; ``None`` for
+    anything else (a time limit, a signal), which goes on as it is.
+
+    Every error about the store is coded, so that nothing above the store can
+    mistake one for a decision: a refusal is :class:`StoreRefused`; an outage,
+    and any other error reply (a script's own error, a key of the wrong type),
+    :class:`BackendUnavailable`.
+    """
+    if not isinstance(error, _store_error_types()):
+        return None
+    if is_refusal(error):
+        failure: BackendUnavailable = StoreRefused(
+            f"the Redis store refuses what unique_backend asks: {type(error).__name__}: "
+            f"{error} ({_refusal_hint(error)})"
+        )
+        failure.maybe_applied = maybe_applied
+        failure.__cause__ = error
+        return failure
+    if is_outage(error):
+        return unavailable(error, maybe_applied=maybe_applied)
+    failure = BackendUnavailable(f"the Redis store failed: {type(error).__name__}: {error}")
+    failure.maybe_applied = maybe_applied
+    failure.__cause__ = error
+    return failure
+
+
+def _refusal_hint(error: BaseException) -> str:
+    if "DB index" in str(error) or "SELECT" in str(error):
+        return (
+            "the server has no such database: name one below its 'databases' setting "
+            "(16 by default), and none on a cluster"
+        )
+    return (
+        "the store's Redis user lacks a command celery-unique sends, or access to its "
+        "keys, which start with 'unique:'"
+    )
 
 
 def unavailable(error: BaseException, *, maybe_applied: bool = False) -> BackendUnavailable:
@@ -229,10 +294,12 @@ class RedisStore(Store):
         """
         try:
             yield
-        except self._redis.RedisError as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
-            raise
+        except _store_error_types() as exc:
+            if not isinstance(exc, self._redis.RedisError):
+                self._drop_idle_connections()  # redis-py did not see it: nor did it disconnect
+            failure = store_failure(exc)
+            assert failure is not None
+            raise failure from exc
         except GeneratorExit:
             raise
         except BaseException:
@@ -408,18 +475,19 @@ class RedisStore(Store):
             lane = None if self._lanes is None else self._lanes.take()
             return lane if lane is not None else _Borrowed(self._pool)
         except Exception as exc:
-            if is_outage(exc):
-                raise unavailable(exc) from exc
+            failure = store_failure(exc)
+            if failure is not None:
+                raise failure from exc
             raise
 
     def server(self) -> tuple[Any, ...] | None:
-        """Where the store's connections go: ``(host, port, unix path)``; ``None`` for a
-        cluster or Sentinel, whose server can change under it."""
+        """Where and as whom the store connects (:func:`server_of`); ``None`` for a cluster
+        or Sentinel, whose server can change under it."""
         from redis.sentinel import SentinelConnectionPool
 
         if self._pool is None or isinstance(self._pool, SentinelConnectionPool):
             return None
-        return _server_of(self._pool.connection_kwargs)
+        return server_of(self._pool)
 
     @property
     def db(self) -> int:
@@ -561,11 +629,13 @@ class RedisStore(Store):
         """
         identity: tuple[str, ...] | None = getattr(error, "_connection", None)
         if identity is not None:
-            try:
-                with self._commands():
+            with self._commands():
+                try:
                     self.client.execute_command("CLIENT", "KILL", *identity)  # type: ignore[no-untyped-call]
-            except self._redis.ResponseError:
-                pass  # "No such client": it is gone already, and its input with it.
+                except self._redis.ResponseError as exc:
+                    if is_outage(exc) or is_refusal(exc):
+                        raise
+                    # "No such client": it is gone already, and its input with it.
         self.rollback_many(claims)
         return identity is not None
 
@@ -812,13 +882,12 @@ class _PendingScript(PendingDecisions):
                 reply = self.connection.read_response()
         except redis.ResponseError as exc:
             self.held.done()
-            if not is_outage(exc):
-                raise
-            # The server answered, with a refusal. Refused before the script ran
-            # (BUSY, LOADING), nothing was written; refused by a command inside it
-            # (OOM at its second write), part of it may have been.
+            # The server answered, with an error. Refused before the script ran
+            # (BUSY, LOADING, NOPERM on a key), nothing was written; refused by a
+            # command inside it (OOM at its second write), part of it may have been.
             inside = "script:" in str(exc)
-            failure = unavailable(exc, maybe_applied=inside)
+            failure = store_failure(exc, maybe_applied=inside)
+            assert failure is not None
             if inside and self.undo:
                 cleanup.undo_decision(self.store, self.claims, failure)
             raise failure from exc
@@ -840,7 +909,7 @@ class _PendingScript(PendingDecisions):
         failure._connection = self.identity  # type: ignore[attr-defined]
         if self.undo:
             cleanup.undo_decision(self.store, self.claims, failure)
-        return failure if is_outage(error) else error
+        return failure if isinstance(error, _store_error_types()) else error
 
     def _drop(self) -> None:
         # A connection with an unread or broken reply must never be reused.
@@ -879,8 +948,26 @@ def resp_command(*parts: str | int) -> bytes:
     return b"".join(out)
 
 
-def _server_of(kwargs: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (kwargs.get("host"), int(kwargs.get("port") or 6379), kwargs.get("path"))
+def server_of(pool: Any) -> tuple[Any, ...]:
+    """Where a redis-py pool's connections go and as whom: ``(host, port, unix path, TLS,
+    user, password digest)``.
+
+    Two clients are on one server as one user only when all of it is equal: a
+    script runs with its caller's rights, on its caller's connection. The
+    password is kept as a digest, so that no repr shows it.
+    """
+    import redis
+
+    kwargs: Mapping[str, Any] = pool.connection_kwargs
+    password = kwargs.get("password") or ""
+    return (
+        kwargs.get("host"),
+        int(kwargs.get("port") or 6379),
+        kwargs.get("path"),
+        issubclass(pool.connection_class, redis.SSLConnection),
+        kwargs.get("username") or None,
+        hashlib.sha256(str(password).encode()).hexdigest() if password else None,
+    )
 
 
 def _text(value: bytes | str) -> str:

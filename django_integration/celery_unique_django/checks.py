@@ -12,7 +12,7 @@ celery_unique.E001  ``unique_backend`` is not a URL with a known scheme
 celery_unique.E002  ``django://<alias>`` names an alias DATABASES does not define
 celery_unique.E003  the Django store is chosen but the app is not in INSTALLED_APPS
 celery_unique.E004  the Django store's database is not PostgreSQL, MySQL or SQLite
-celery_unique.E005  ``unique_fail_open`` is not True or False
+celery_unique.E005  ``unique_fail_open`` is not True or False (or a string saying one)
 celery_unique.E006  ``unique_lease`` is not a duration
 celery_unique.E007  ``unique_namespace`` is not a usable name
 celery_unique.E008  ``CELERY_UNIQUE_APP`` does not name a Celery app
@@ -53,9 +53,10 @@ from typing import Any
 from celery import Celery
 from django.core.checks import CheckMessage, Error, Warning, register
 
+from celery_unique.booleans import WORDS, parse_bool
 from celery_unique.checks import Finding, app_findings, import_task_modules, store_findings
 from celery_unique.checks.masking import masked
-from celery_unique.exceptions import UniquenessError
+from celery_unique.exceptions import ImproperlyConfigured, UniquenessError
 from celery_unique.stores import STORES
 from celery_unique_django.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
 
@@ -90,12 +91,13 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
     messages += _unseen_settings(app)
     messages += _backend(app)
     fail_open = app.conf.get("unique_fail_open")
-    if fail_open is not None and not isinstance(fail_open, bool):
+    if fail_open is not None and not _is_boolean(fail_open):
         messages.append(
             Error(
                 f"{django_name(app, 'unique_fail_open')} must be True or False, not {fail_open!r}",
                 hint="True publishes without uniqueness while the store is down; "
-                "False (the default) refuses the dispatch",
+                "False (the default) refuses the dispatch; as a string, one of "
+                f"{'/'.join(WORDS)}",
                 id="celery_unique.E005",
             )
         )
@@ -123,6 +125,14 @@ def check_settings(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> l
             )
         )
     return messages
+
+
+def _is_boolean(value: object) -> bool:
+    try:
+        parse_bool(value, "unique_fail_open")
+    except ImproperlyConfigured:
+        return False
+    return True
 
 
 def _is_duration(value: object) -> bool:

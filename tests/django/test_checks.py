@@ -58,7 +58,7 @@ def test_the_example_project_passes() -> None:
         ({"CELERY_UNIQUE_BACKEND": "mongodb://localhost"}, "celery_unique.E001"),
         ({"CELERY_UNIQUE_BACKEND": 42}, "celery_unique.E001"),
         ({"CELERY_UNIQUE_BACKEND": "django://reporting"}, "celery_unique.E002"),
-        ({"CELERY_UNIQUE_FAIL_OPEN": "false"}, "celery_unique.E005"),
+        ({"CELERY_UNIQUE_FAIL_OPEN": "nope"}, "celery_unique.E005"),
         ({"CELERY_UNIQUE_LEASE": "1h"}, "celery_unique.E006"),
         ({"CELERY_UNIQUE_LEASE": -5}, "celery_unique.E006"),
         ({"CELERY_UNIQUE_NAMESPACE": "shop}eu"}, "celery_unique.E007"),
@@ -72,6 +72,12 @@ def test_the_example_project_passes() -> None:
 def test_each_misconfiguration_has_its_check(settings: dict[str, Any], expected: str) -> None:
     """Each wrong setting is reported under its own id, and only that one."""
     assert ids(**settings) == [expected]
+
+
+@pytest.mark.parametrize("value", [True, "false", "OFF", "1"])
+def test_a_boolean_setting_may_be_a_string_saying_one(value: object) -> None:
+    """Settings read from the environment arrive as strings: the usual ones are accepted."""
+    assert ids(CELERY_UNIQUE_FAIL_OPEN=value) == []
 
 
 #: A project that chose the Django store but did not install the app.

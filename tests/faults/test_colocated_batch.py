@@ -17,7 +17,7 @@ import redis
 from celery import signals
 from kombu import Queue
 
-from celery_unique import Disposition, UniquenessConflict, dispatch_many
+from celery_unique import BackendUnavailable, Disposition, UniquenessConflict, dispatch_many
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 
@@ -200,7 +200,7 @@ def test_a_push_the_server_refuses_leaves_no_message_and_no_key(
         broker.delete(odd)
         broker.set(odd, "not a list")
         queued = broker.llen(spec.queue)
-        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        with pytest.raises(BackendUnavailable, match="WRONGTYPE"):
             dispatch_many([keyed(task, "r0"), keyed(task, "r1", queue=odd)])
         assert broker.llen(spec.queue) == queued, "a message went out without its key"
         assert store.get(job_key(spec, "r0")) is None

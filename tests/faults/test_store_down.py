@@ -114,3 +114,19 @@ def test_store_down_with_fail_open_publishes_and_warns_once_per_outage(
             assert (again.disposition, again.id) == (Disposition.REUSED, held.id)
             [restored] = unique_warnings(caplog)
             assert "restored" in restored, outage
+
+
+@pytest.mark.parametrize("fail_open", ["false", "OFF", "0"])
+def test_a_string_saying_false_keeps_fail_closed(
+    fail_open: str, make_spec: Callable[..., Spec], redis_server: Callable[[], RedisServer]
+) -> None:
+    """``unique_fail_open`` from the environment ("false", a truthy string): store down, the
+    dispatch raises backend_unavailable and nothing is queued."""
+    store = redis_server()
+    spec = make_spec(store_url=store.url(), fail_open=fail_open)
+    store.stop(signal.SIGKILL)
+    with producer(spec) as app:
+        queued = queue_length(spec)
+        with pytest.raises(BackendUnavailable):
+            task_of(app).apply_async(unique_key="k")
+        assert queue_length(spec) == queued

@@ -36,3 +36,23 @@ def test_only_an_app_that_uses_the_plugin_is_checked(caplog: pytest.LogCaptureFi
         (logging.ERROR, "celery_unique.E001"),
         (logging.ERROR, "celery_unique.E020"),
     ]
+
+
+@pytest.mark.usefixtures("no_shared_tasks")
+@pytest.mark.parametrize(("strict", "stops"), [("on", True), ("false", False), ("maybe", True)])
+def test_strict_checks_read_as_a_boolean(strict: str, stops: bool) -> None:
+    """``unique_strict_checks`` from the environment: a string saying true stops a worker
+    with an error, one saying false does not, and any other stops it naming the setting."""
+    forgot = Celery("forgot", broker="memory://", set_as_current=False)
+    forgot.conf.unique_strict_checks = strict
+
+    @forgot.task(name="forgot.reindex", shared=False, unique_key="all")
+    def reindex() -> None: ...
+
+    if not stops:
+        check_at_worker_start(forgot)
+        return
+    with pytest.raises(SystemExit, match="unique_strict_checks") as stopped:
+        check_at_worker_start(forgot)
+    if strict == "maybe":
+        assert "'maybe'" in str(stopped.value)

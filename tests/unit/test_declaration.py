@@ -12,6 +12,7 @@ import pytest
 from celery import Celery, Task
 
 from celery_unique import (
+    ImproperlyConfigured,
     InvalidDeclaration,
     InvalidKey,
     InvalidWindow,
@@ -58,7 +59,9 @@ def define(app: Celery, **options: Any) -> Any:
         ({"unique_key": 5}, InvalidKey),
         ({"unique_key": ""}, InvalidKey),
         ({"unique_key": "bad\nkey"}, InvalidKey),
-        ({"unique_key": "k", "unique_prefix": "yes"}, InvalidDeclaration),
+        ({"unique_key": "k", "unique_prefix": "maybe"}, ImproperlyConfigured),
+        ({"unique_key": "k", "unique_prefix": "maybe"}, InvalidDeclaration),
+        ({"unique_key": "k", "unique_overridable": "maybe"}, ImproperlyConfigured),
         ({"unique_key": "k", "unique_retention": -1}, InvalidDeclaration),
     ],
 )
