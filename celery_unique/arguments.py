@@ -104,6 +104,11 @@ def json_payload(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """
     try:
         text = kombu_dumps(arguments)
+    except RecursionError:
+        # Nested deeper than Python's recursion limit: no path could be shown either.
+        raise InvalidPayload(
+            "task arguments are nested too deeply to be encoded as JSON for hashing"
+        ) from None
     except (EncodeError, TypeError, ValueError) as exc:
         path = _unencodable_path(arguments)
         where = f" at {path}" if path else ""

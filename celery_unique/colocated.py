@@ -99,9 +99,13 @@ def _shared_server(app: Celery, rt: Runtime) -> Colocation | str:
     """The server store and broker share, or why they do not."""
     if not rt.colocated:
         return "unique_colocated is False"
+    from celery_unique.exceptions import BackendUnavailable
     from celery_unique.stores.redis import RedisStore
 
-    store = rt.store
+    try:
+        store = rt.store
+    except BackendUnavailable as exc:  # a cluster client asks its nodes as it is built
+        return f"the store cannot be opened now ({exc})"
     server = store.server() if isinstance(store, RedisStore) else None
     if server is None:
         return "the store is not a single Redis server"

@@ -11,7 +11,7 @@ import os
 import ssl
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -22,6 +22,7 @@ from celery_unique.booleans import parse_bool
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import SPREADS, validate_namespace
+from celery_unique.masking import masked
 from celery_unique.recently_held import RecentlyHeld
 from celery_unique.stores import open_store
 from celery_unique.stores.base import Store
@@ -64,6 +65,16 @@ class Runtime:
     #: ``False`` until worked out.
     colocation: Any = False
     recently_held: RecentlyHeld = field(default_factory=RecentlyHeld)
+
+    def __repr__(self) -> str:
+        # A repr lands in logs and tracebacks; the store's URL may hold its password.
+        shown = (
+            f"{each.name}={masked(value) if each.name == 'backend_url' else value!r}"
+            for each in fields(self)
+            if each.repr
+            for value in [getattr(self, each.name)]
+        )
+        return f"{type(self).__name__}({', '.join(shown)})"
 
     @property
     def store(self) -> Store:

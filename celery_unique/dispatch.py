@@ -44,6 +44,7 @@ from celery_unique.exceptions import (
     CallbacksNotAttached,
     CompositionConflict,
     GroupMemberReused,
+    InvalidSchedule,
     InvalidWindow,
     KeyMismatch,
     UniquenessConflict,
@@ -217,8 +218,8 @@ def plan(
     header: KeyHeader = {"v": VERSION}
     active_claim = window_claim = None
     countdown_s = None
+    wait_ms = _wait_ms(options)
     if active is not None:
-        wait_ms = _wait_ms(options)
         stored_arguments = None
         if duplicates.follows:
             stored_arguments = encode_arguments(task, args, kwargs, duplicates.latest_max_bytes)
@@ -325,17 +326,40 @@ def _choose_window(
 
 
 def _wait_ms(options: Mapping[str, Any]) -> int:
-    """How long the job waits before it may run (countdown/eta): its lease covers that."""
+    """How long the job waits before it may run (countdown/eta): its lease covers that.
+
+    :class:`InvalidSchedule` for a countdown or eta that names no time (checked
+    before anything is written: Celery would fail to build the message after).
+    """
     countdown = options.get("countdown")
-    if countdown:
-        return max(0, round(float(countdown) * 1000))
+    if countdown is not None:
+        return max(0, round(_seconds(countdown) * 1000))
     eta = options.get("eta")
+    if eta is None:
+        return 0
     if isinstance(eta, str):
-        eta = datetime.fromisoformat(eta)
-    if isinstance(eta, datetime):
-        now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
-        return max(0, round((eta - now).total_seconds() * 1000))
-    return 0
+        try:
+            eta = datetime.fromisoformat(eta)
+        except ValueError:
+            raise InvalidSchedule(f"eta {eta!r} is not an ISO 8601 date and time") from None
+    if not isinstance(eta, datetime):
+        raise InvalidSchedule(f"eta must be a datetime, not {type(eta).__name__} {eta!r}")
+    now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
+    return max(0, round((eta - now).total_seconds() * 1000))
+
+
+def _seconds(countdown: object) -> float:
+    """A countdown as Celery can schedule it: a finite number of seconds."""
+    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
+        try:
+            timedelta(seconds=countdown)  # what Celery adds to now
+        except (OverflowError, ValueError):
+            pass
+        else:
+            return float(countdown)
+    raise InvalidSchedule(
+        f"countdown must be a finite number of seconds Celery can add to now, not {countdown!r}"
+    )
 
 
 def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:

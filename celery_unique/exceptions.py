@@ -96,6 +96,12 @@ class InvalidPayload(UniquenessError):
         self.path = path
 
 
+class InvalidSchedule(UniquenessError):
+    """The dispatch's ``countdown`` or ``eta`` says no time the job could start at."""
+
+    code = "invalid_schedule"
+
+
 class BackendUnavailable(UniquenessError):
     """The uniqueness store cannot be reached or refused to work; nothing was published."""
 

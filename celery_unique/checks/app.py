@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery_unique.checks.catalogue import Finding, finding, isolated
-from celery_unique.checks.masking import masked
 from celery_unique.config import configured_backend_url, setting
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
+from celery_unique.masking import masked
 from celery_unique.stores import STORES, scheme_of
 from celery_unique.stores.base import Scope
 

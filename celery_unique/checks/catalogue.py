@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from celery_unique.checks.masking import redacted
+from celery_unique.masking import redacted
 from celery_unique.stores import STORES
 
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
-from celery_unique.checks.masking import masked, redacted
 from celery_unique.config import configured_backend_url, runtime
+from celery_unique.masking import masked, redacted
 from celery_unique.stores.base import EvictionUnknown
 
 #: How long an app's entry in the namespace registry counts without being renewed.

@@ -29,19 +29,36 @@ def scheme_of(url: str) -> str:
 
 
 def open_store(url: str) -> Store:
-    """Build the store a ``unique_backend`` URL names."""
-    from celery_unique.exceptions import ImproperlyConfigured
+    """Build the store a ``unique_backend`` URL names; ``improperly_configured``, with any
+    password masked, for a URL that cannot be used exactly as written.
+
+    Nothing connects here (but a cluster client, which asks its nodes for the
+    slot map): a URL is refused before anything is written or published.
+    """
+    from celery_unique.exceptions import ImproperlyConfigured, UniquenessError
+    from celery_unique.masking import masked, redacted
 
     target = STORES.get(scheme_of(url))
     if target is None:
         known = ", ".join(f"{name}://" for name in STORES)
         raise ImproperlyConfigured(
-            f"unique_backend {url!r} has no known scheme; use one of: {known}"
+            f"unique_backend {masked(url)!r} has no known scheme; use one of: {known}"
         )
     module_name, _, attribute = target.partition(":")
     module = importlib.import_module(module_name)
     factory = module
     for part in attribute.split("."):
         factory = getattr(factory, part)
-    store: Store = factory(url)  # type: ignore[operator]
+    try:
+        store: Store = factory(url)  # type: ignore[operator]
+    except UniquenessError:
+        raise
+    except (ValueError, TypeError) as exc:
+        # What a URL parser says of a port, a host or an option it cannot read.
+        said = redacted(str(exc), url)
+        error = ImproperlyConfigured(
+            f"unique_backend {masked(url)!r} cannot be used as written: {said}"
+        )
+        # Chained only when the parser's own words hold no password.
+        raise error from (exc if said == str(exc) else None)
     return store

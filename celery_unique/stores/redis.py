@@ -13,15 +13,18 @@ import hashlib
 import importlib.resources
 import json
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured, StoreRefused
 from celery_unique.keyspace import PREFIX, split_storage_key
+from celery_unique.masking import masked
 from celery_unique.stores._records import claim_keys, owed_run
 from celery_unique.stores.base import (
     GOES_ON,
@@ -260,13 +263,21 @@ class RedisStore(Store):
         # for the OS default of minutes.
         options = {"socket_connect_timeout": 5, "socket_timeout": 10, "decode_responses": False}
         scheme, _, rest = url.partition("://")
+        scheme = scheme.lower()
+        if scheme.endswith("+sentinel"):
+            return cls(sentinel(url, options))
+        check_url(url)
         if scheme.endswith("+cluster"):
             # Every script's keys share the namespace's hash tag: one slot per call.
             from redis.cluster import RedisCluster
 
-            return cls(RedisCluster.from_url(f"{scheme[: -len('+cluster')]}://{rest}", **options))
-        if scheme.endswith("+sentinel"):
-            return cls(sentinel(url, options))
+            try:
+                cluster = RedisCluster.from_url(f"{scheme[: -len('+cluster')]}://{rest}", **options)
+            except _store_error_types() as exc:  # no node gave the cluster's slots
+                failure = store_failure(exc)
+                assert failure is not None
+                raise failure from exc
+            return cls(cluster)
         # redis-py's pool refuses a connection past its cap (100 by default since
         # redis-py 8) at once, with an error: 200 greenlets dispatching together
         # would see the store as down. Past the cap, a dispatch waits for a free
@@ -278,6 +289,7 @@ class RedisStore(Store):
             health_check_interval=30,
             **options,
         )
+        _check_options(url, pool)
         return cls(redis.Redis(connection_pool=pool))
 
     @contextlib.contextmanager
@@ -761,27 +773,36 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
     client asks the sentinels again; what it sees meanwhile (READONLY, refused
     connections) is ``backend_unavailable``.
     """
-    from urllib.parse import parse_qs, unquote, urlsplit
-
     from redis.sentinel import Sentinel
 
     parts = urlsplit(url)
-    hosts = parts.netloc.rpartition("@")[2]
-    sentinels = []
-    for entry in hosts.split(","):
-        host, _, port = entry.rpartition(":")
-        sentinels.append((host or entry, int(port) if port else 26379))
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    if "@" in credentials:
+        _refuse(
+            url,
+            "gives credentials more than once: give the master's before the first host "
+            "(escape an '@' in a password as %40)",
+        )
+    sentinels = [_sentinel_address(url, entry) for entry in hosts.split(",")]
     names = [unquote(part) for part in parts.path.split("/") if part]
     if not names:
-        raise ImproperlyConfigured(
-            f"unique_backend {_masked(url)!r} names no master: "
-            "redis+sentinel://host:26379,host2:26379/<master name>[/<db>]"
+        _refuse(
+            url, "names no master: redis+sentinel://host:26379,host2:26379/<master name>[/<db>]"
         )
-    master, db = names[0], int(names[1]) if len(names) > 1 else 0
-    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    if len(names) > 2:
+        _refuse(url, "has more than /<master name>/<db> in its path")
+    master, db = names[0], _database(url, names[1] if len(names) > 1 else "0")
+    query = _options(url, parts.query)
+    unknown = sorted(set(query) - _SENTINEL_OPTIONS)
+    if unknown:
+        _refuse(
+            url,
+            f"has options a Sentinel URL does not take: {', '.join(unknown)} "
+            f"(it takes {', '.join(sorted(_SENTINEL_OPTIONS))})",
+        )
     for name in ("socket_timeout", "socket_connect_timeout"):
         if name in query:
-            options = {**options, name: float(query.pop(name))}
+            options = {**options, name: _timeout(url, name, query.pop(name))}
     sentinel_auth = {
         name.removeprefix("sentinel_"): query.pop(name)
         for name in ("sentinel_username", "sentinel_password")
@@ -804,14 +825,83 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
     )
 
 
-def _masked(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
-    head, at, tail = url.rpartition("@")
-    if not at:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.partition(":")[0]
-    return f"{scheme}://{user}:***@{tail}"
+#: The options a ``redis+sentinel://`` URL takes.
+_SENTINEL_OPTIONS = frozenset(
+    {"socket_timeout", "socket_connect_timeout", "sentinel_username", "sentinel_password"}
+)
+_NUMBER = re.compile(r"[0-9]+")
+
+
+def check_url(url: str) -> None:
+    """Refuse a Redis URL that redis-py would read otherwise than written.
+
+    redis-py reads ``/abc`` as database 0, ``/1/2`` as database 12, a ``?db=``
+    over the path's database, and the first of an option given twice; a
+    cluster has database 0 only. Each is :class:`ImproperlyConfigured`.
+    """
+    parts = urlsplit(url)
+    parts.port  # noqa: B018 - raises ValueError for a port that is no port
+    query = _options(url, parts.query)
+    scheme = parts.scheme.lower()
+    in_path = None if scheme == "unix" else unquote(parts.path).removeprefix("/") or None
+    if in_path is not None and "db" in query:
+        _refuse(url, "names its database twice, in its path and as ?db=")
+    given = in_path if in_path is not None else query.get("db")
+    db = None if given is None else _database(url, given)
+    if db and scheme.endswith("+cluster"):
+        _refuse(url, "names a database: a cluster has database 0 only")
+
+
+def _options(url: str, query: str) -> dict[str, str]:
+    """A URL's query options; an option given twice is refused (which one was meant?)."""
+    found = parse_qs(query, keep_blank_values=True)
+    twice = sorted(name for name, values in found.items() if len(values) > 1)
+    if twice:
+        _refuse(url, f"gives {', '.join(twice)} more than once")
+    return {name: values[0] for name, values in found.items()}
+
+
+def _database(url: str, given: str) -> int:
+    if not _NUMBER.fullmatch(given):
+        _refuse(url, f"names database {given!r}, which is not a number (0, 1, ...)")
+    return int(given)
+
+
+def _timeout(url: str, name: str, given: object) -> float:
+    try:
+        seconds = float(given)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        _refuse(url, f"has {name}={given!r}: a timeout is a number of seconds above 0")
+    return seconds
+
+
+def _check_options(url: str, pool: Any) -> None:
+    """Refuse what no connection of ``pool`` can be opened with: redis-py hands an option
+    it does not know to each new connection, and the first one to connect fails."""
+    kwargs = pool.connection_kwargs
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        if kwargs.get(name) is not None:
+            _timeout(url, name, kwargs[name])
+    try:
+        pool.connection_class(**kwargs)  # builds, connects nothing
+    except (TypeError, ValueError, _import_redis().RedisError) as exc:
+        _refuse(url, f"has an option its connections do not take ({exc})")
+
+
+def _sentinel_address(url: str, entry: str) -> tuple[str, int]:
+    """``host[:port]`` of one sentinel (``[::1]:26379`` for IPv6)."""
+    host, colon, port = entry.rpartition(":")
+    if not colon or entry.endswith("]"):
+        host, port = entry, "26379"
+    if not host or not _NUMBER.fullmatch(port) or not 0 < int(port) < 65536:
+        _refuse(url, f"names sentinel {entry!r}: use host:port, with a port from 1 to 65535")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
+def _refuse(url: str, why: str) -> NoReturn:
+    raise ImproperlyConfigured(f"unique_backend {masked(url)!r} {why}")
 
 
 class _Borrowed:

@@ -18,7 +18,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import cast
 
-from celery_unique.exceptions import BackendUnavailable
+from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.masking import masked
 from celery_unique.stores import _records
 from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, OnDuplicate, Scope
 
@@ -135,7 +136,10 @@ class SQLiteStore(_records.RecordStore):
         if path.startswith("/"):
             path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         if not path:
-            raise ValueError(f"sqlite store URL {url!r} names no file")
+            raise ImproperlyConfigured(
+                f"unique_backend {masked(url)!r} names no file: use sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
         return cls(path)
 
     # -- connection -------------------------------------------------------------

@@ -32,8 +32,8 @@ from celery import Celery, signals
 
 from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
-from celery_unique.checks.masking import redacted
 from celery_unique.config import configured_backend_url, runtime
+from celery_unique.masking import redacted
 from celery_unique.worker import alive, control, dropped, guard, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 

@@ -410,7 +410,7 @@ def test_a_worker_runs_what_the_script_enqueued(
 
 def test_unique_colocated_refuses_other_values(spec: Spec) -> None:
     with (
-        producer(replace(spec, settings={"unique_colocated": "yes"})) as app,
+        producer(replace(spec, settings={"unique_colocated": "maybe"})) as app,
         pytest.raises(ImproperlyConfigured, match="unique_colocated"),
     ):
         unique_config.runtime(app)

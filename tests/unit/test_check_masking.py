@@ -9,7 +9,7 @@ from celery import Celery, signals
 
 from celery_unique import config as unique_config
 from celery_unique import worker
-from celery_unique.checks.masking import masked, redacted
+from celery_unique.masking import masked, redacted
 
 
 @pytest.mark.parametrize(
@@ -27,11 +27,32 @@ from celery_unique.checks.masking import masked, redacted
             "redis+sentinel://:pw@h1:26379,h2:26379/main?sentinel_password=s3cret&x=1",
             "redis+sentinel://:***@h1:26379,h2:26379/main?sentinel_password=***&x=1",
         ),
+        (
+            "redis+sentinel://:pw11@h1:26379,u:pw22@h2:26379/main",
+            "redis+sentinel://:***@h1:26379,u:***@h2:26379/main",
+        ),
+        ("reddis://:hunter2@h:1/0", "reddis://:***@h:1/0"),
+        ("redis:/:hunter2@h:1/0", "redis:/:***@h:1/0"),
+        ("redis:hunter2@h:1/0", "redis:***@h:1/0"),
+        (":hunter2@h:1/0", ":***@h:1/0"),
+        ("redis://:p,w@h/0", "redis://:***@h/0"),
+        ("redis://h/0?password=hunter2&db=1", "redis://h/0?password=***&db=1"),
+        ("redis://h/0?a=1&auth_token=xyz", "redis://h/0?a=1&auth_token=***"),
+        ("sqlite:///C:/data/unique.db", "sqlite:///C:/data/unique.db"),
     ],
 )
 def test_a_url_is_shown_as_given_with_its_password_masked(url: str, shown: str) -> None:
     """Only the password changes: no URL is parsed and rebuilt (``django://`` stays as is)."""
     assert masked(url) == shown
+
+
+def test_every_password_of_a_multi_host_url_is_redacted_from_text() -> None:
+    url = "redis+sentinel://:first-pw@h1:26379,:second-pw@h2:26379/main?sentinel_password=third"
+    text = f"cannot use {url}: AUTH first-pw, then second-pw, sentinels third"
+    assert redacted(text, url) == (
+        "cannot use redis+sentinel://:***@h1:26379,:***@h2:26379/main?sentinel_password=***: "
+        "AUTH ***, then ***, sentinels ***"
+    )
 
 
 def test_an_error_quoting_the_url_is_redacted() -> None:
