@@ -60,14 +60,16 @@ CATALOGUE = _checks(
     Check(
         "celery_unique.E001",
         E,
-        "`unique_backend` is not a store URL with a known scheme, or it is not set and the "
-        "broker is not Redis (whose URL would be the store's): every unique dispatch fails",
+        "`unique_backend` is not a store URL with a known scheme or cannot be used as written "
+        "(with `--deploy` or a store check), or it is not set and the broker is not Redis "
+        "(whose URL would be the store's): every unique dispatch fails",
         "use a URL of a known scheme: " + ", ".join(f"`{scheme}://`" for scheme in STORES),
     ),
     Check(
         "celery_unique.E012",
         E,
-        "the store cannot be reached (fail-closed: unique dispatches fail)",
+        "the store cannot be reached, or refuses what its settings ask (a database it does "
+        "not have, an ACL refusal); fail-closed: unique dispatches fail",
         "start the store or correct `unique_backend` (the URL is shown, password masked)",
     ),
     Check(

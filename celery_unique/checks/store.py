@@ -7,6 +7,7 @@ from typing import Any
 
 from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
 from celery_unique.config import configured_backend_url, runtime
+from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
 from celery_unique.masking import masked, redacted
 from celery_unique.stores.base import EvictionUnknown
 
@@ -33,20 +34,7 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
         store = rt.store
         store.ping()
     except Exception as exc:  # Whatever it raises, the store cannot be used.
-        fail_open = rt.fail_open
-        consequence = (
-            "unique dispatches are published without uniqueness (fail-open)"
-            if fail_open
-            else "unique dispatches fail with backend_unavailable (fail-closed)"
-        )
-        return [
-            finding(
-                "celery_unique.W012" if fail_open else "celery_unique.E012",
-                "unique_backend",
-                f"the uniqueness store {masked(url)} cannot be reached: {redacted(str(exc), url)}",
-                f"while it is down, {consequence}; start the store or correct unique_backend",
-            )
-        ]
+        return [_unusable(rt.fail_open, url, exc)]
     findings = isolated("celery_unique.E026", "unique_backend", _eviction, store, url, url=url)
     findings += isolated(
         "celery_unique.W025",
@@ -58,6 +46,36 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
         url=url,
     )
     return findings
+
+
+def _unusable(fail_open: bool, url: str, exc: Exception) -> Finding:
+    """E001 for a URL that cannot be used as written; else E012 (W012 failing open), which
+    says whether the store is down or refuses what its settings ask."""
+    said = redacted(str(exc), url)
+    if isinstance(exc, ImproperlyConfigured) and not isinstance(exc, BackendUnavailable):
+        return finding(
+            "celery_unique.E001",
+            "unique_backend",
+            f"unique_backend cannot be used as written: {said}",
+            "correct unique_backend: a URL is used exactly as written, or refused",
+        )
+    code = (
+        "improperly_configured" if isinstance(exc, ImproperlyConfigured) else "backend_unavailable"
+    )
+    consequence = (
+        "unique dispatches are published without uniqueness (fail-open)"
+        if fail_open
+        else f"unique dispatches fail with {code} (fail-closed)"
+    )
+    if isinstance(exc, ImproperlyConfigured):
+        message = f"the uniqueness store {masked(url)} refuses what its settings ask: {said}"
+        hint = f"until unique_backend or the store's ACL is corrected, {consequence}"
+    else:
+        message = f"the uniqueness store {masked(url)} cannot be reached: {said}"
+        hint = f"while it is down, {consequence}; start the store or correct unique_backend"
+    return finding(
+        "celery_unique.W012" if fail_open else "celery_unique.E012", "unique_backend", message, hint
+    )
 
 
 def _eviction(store: Any, url: str) -> list[Finding]:

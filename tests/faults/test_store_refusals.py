@@ -162,3 +162,16 @@ def test_every_error_reply_of_the_store_is_coded(
             assert (failure.code, failure.__cause__) == (code, raised.value), raised.value
     finally:
         limited.close()
+
+
+def test_the_checks_say_the_store_refuses_its_database(
+    make_spec: Callable[..., Spec], services: RedisServer
+) -> None:
+    """A refused database is no outage: the check says the store refuses what it is asked."""
+    from celery_unique import checks
+
+    with producer(make_spec(store_url=services.url(REFUSED_DB))) as app:
+        found = [each for each in checks.run(app) if each.id == "celery_unique.E012"]
+    assert len(found) == 1
+    assert "refuses what its settings ask" in found[0].message
+    assert "improperly_configured" in found[0].hint

@@ -174,3 +174,15 @@ def test_a_start_celery_can_schedule_is_published(
 
     job.apply_async(**start)
     assert len(published) == 1
+
+
+def test_the_checks_say_a_url_cannot_be_used_as_written(app: Celery) -> None:
+    """Not "cannot be reached": the URL is refused as it is read, its password masked."""
+    from celery_unique import checks
+
+    app.conf.unique_backend = f"redis://:{SECRET}@127.0.0.1:6379/abc"
+    found = [each for each in checks.run(app) if each.subject == "unique_backend"]
+    assert [each.id for each in found] == ["celery_unique.E001"]
+    assert "cannot be used as written" in found[0].message
+    assert "names database 'abc'" in found[0].message
+    assert SECRET not in found[0].message
