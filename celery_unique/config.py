@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 from celery import Celery
 
 from celery_unique.durations import parse_duration_ms
+from celery_unique.eager import EagerRuns
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import SPREADS, validate_namespace
 from celery_unique.recently_held import RecentlyHeld
@@ -61,6 +62,8 @@ class Runtime:
     #: ``False`` until worked out.
     colocation: Any = False
     recently_held: RecentlyHeld = field(default_factory=RecentlyHeld)
+    #: Outcomes of the jobs run eagerly here, for the receipts of their duplicates.
+    eager_runs: EagerRuns = field(default_factory=EagerRuns)
 
     @property
     def store(self) -> Store:

@@ -6,8 +6,16 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from celery.result import EagerResult
 
-from celery_unique import Disposition, DuplicateMatch, UniquenessConflict, UniqueTask
+from celery_unique import (
+    Disposition,
+    DuplicateMatch,
+    EagerOutcomeUnknown,
+    UniquenessConflict,
+    UniqueTask,
+    dispatch_many,
+)
 from celery_unique.testing import held_keys, unique_store
 
 
@@ -88,3 +96,68 @@ def test_eager_window_conflict(app: Celery) -> None:
         assert order.delay("r1", 5).id == first.id
         with pytest.raises(UniquenessConflict):
             order.delay("r1", 6)
+
+
+def test_eager_duplicate_returns_the_holders_eager_result(app: Celery) -> None:
+    """A reused eager dispatch is an EagerResult carrying the holder's value, not a PENDING one."""
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_key="k", unique_while="exists", unique_retention=60
+    )
+    def job(x: int) -> int:
+        return x * 10
+
+    with unique_store(app, eager=True):
+        first = job.delay(1)
+        again = job.delay(2)
+        batch = dispatch_many([job.s(3)])[0]
+    for receipt in (again, batch):
+        assert isinstance(receipt, EagerResult)
+        assert (receipt.id, receipt.duplicate, receipt.state) == (first.id, True, "SUCCESS")
+        assert receipt.get(timeout=1) == 10
+    assert (first.disposition, first.get()) == (Disposition.CREATED, 10)
+
+
+def test_apply_duplicate_returns_the_holders_eager_result(app: Celery) -> None:
+    """``.apply()`` of a duplicate hands back the holder's outcome, its failure included."""
+
+    @app.task(shared=False, base=UniqueTask, unique_window_key=lambda j: j.rid, unique_window=60)
+    def fails(rid: str) -> None:
+        raise ValueError(rid)
+
+    with unique_store(app):
+        first = fails.apply(("r1",))
+        again = fails.apply(("r1",))
+    assert isinstance(again, EagerResult)
+    assert (again.id, again.duplicate_match, again.state) == (
+        first.id,
+        DuplicateMatch.WINDOW,
+        "FAILURE",
+    )
+    with pytest.raises(ValueError, match="r1"):
+        again.get()
+
+
+def test_eager_duplicate_of_a_running_holder_says_its_outcome_is_unknown(app: Celery) -> None:
+    """A duplicate of a job still running eagerly cannot carry its value: get() says why."""
+    inner: list[Any] = []
+
+    shared = {"unique_key": "k", "unique_while": "active", "unique_prefix": False}
+
+    @app.task(shared=False, base=UniqueTask, **shared)
+    def holder() -> str:
+        inner.append(other.delay())
+        return "done"
+
+    @app.task(shared=False, base=UniqueTask, **shared)
+    def other() -> None:
+        return None
+
+    with unique_store(app, eager=True):
+        outer = holder.delay()
+    (duplicate,) = inner
+    assert isinstance(duplicate, EagerResult)
+    assert (duplicate.id, duplicate.duplicate, duplicate.state) == (outer.id, True, "PENDING")
+    with pytest.raises(EagerOutcomeUnknown) as raised:
+        duplicate.get(timeout=1)
+    assert (raised.value.code, raised.value.job_id) == ("eager_outcome_unknown", outer.id)
