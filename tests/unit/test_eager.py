@@ -16,10 +16,11 @@ from celery_unique import (
     UniqueTask,
     dispatch_many,
 )
+from celery_unique.stores.base import Store
 from celery_unique.testing import held_keys, unique_store
 
 
-def test_eager_dispatch_runs_and_releases(app: Celery) -> None:
+def test_eager_dispatch_runs_and_releases(app: Celery, unique_eager: Store) -> None:
     """An eager job runs at once, and its queued/active key is free when delay() returns."""
     runs: list[int] = []
 
@@ -28,12 +29,11 @@ def test_eager_dispatch_runs_and_releases(app: Celery) -> None:
         runs.append(x)
         return x
 
-    with unique_store(app, eager=True):
-        first = job.delay(1)
-        assert first.get() == 1
-        assert first.disposition is Disposition.CREATED
-        assert held_keys(app) == []
-        assert job.delay(2).id != first.id
+    first = job.delay(1)
+    assert first.get() == 1
+    assert first.disposition is Disposition.CREATED
+    assert held_keys() == []
+    assert job.delay(2).id != first.id
     assert runs == [1, 2]
 
 
@@ -84,21 +84,21 @@ def test_apply_checks_uniqueness_too(app: Celery) -> None:
     )
 
 
-def test_eager_window_conflict(app: Celery) -> None:
+def test_eager_window_conflict(app: Celery, unique_eager: Store) -> None:
     """Window keys behave in eager mode as they do on a worker."""
 
     @app.task(shared=False, base=UniqueTask, unique_window_key=lambda j: j.rid, unique_window=60)
     def order(rid: str, amount: int) -> int:
         return amount
 
-    with unique_store(app, eager=True):
-        first = order.delay("r1", 5)
-        assert order.delay("r1", 5).id == first.id
-        with pytest.raises(UniquenessConflict):
-            order.delay("r1", 6)
+    first = order.delay("r1", 5)
+    assert order.delay("r1", 5).id == first.id
+    with pytest.raises(UniquenessConflict):
+        order.delay("r1", 6)
+    assert held_keys() == [f"{order.name}:r1"]
 
 
-def test_eager_duplicate_returns_the_holders_eager_result(app: Celery) -> None:
+def test_eager_duplicate_returns_the_holders_eager_result(app: Celery, unique_eager: Store) -> None:
     """A reused eager dispatch is an EagerResult carrying the holder's value, not a PENDING one."""
 
     @app.task(
@@ -107,10 +107,9 @@ def test_eager_duplicate_returns_the_holders_eager_result(app: Celery) -> None:
     def job(x: int) -> int:
         return x * 10
 
-    with unique_store(app, eager=True):
-        first = job.delay(1)
-        again = job.delay(2)
-        batch = dispatch_many([job.s(3)])[0]
+    first = job.delay(1)
+    again = job.delay(2)
+    batch = dispatch_many([job.s(3)])[0]
     for receipt in (again, batch):
         assert isinstance(receipt, EagerResult)
         assert (receipt.id, receipt.duplicate, receipt.state) == (first.id, True, "SUCCESS")
