@@ -25,7 +25,7 @@ app = Celery("proj")
 app.conf.update(
     broker_url="redis://127.0.0.1:{port}/0",
     result_backend="redis://127.0.0.1:{port}/1",
-    unique_backend="redis://127.0.0.1:{port}/2",
+    unique_backend="{store}",
     task_always_eager={eager},
 )
 
@@ -37,10 +37,18 @@ def charge(cents, request_id):
 
 
 def run_pytest(
-    tmp_path: Path, tests: str, *args: str, eager: bool = False, ini: str = ""
+    tmp_path: Path,
+    tests: str,
+    *args: str,
+    eager: bool = False,
+    ini: str = "",
+    store: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``pytest`` on ``tests`` (a test module) next to the project's ``proj.py``."""
-    (tmp_path / "proj.py").write_text(APP.format(port=free_port(), eager=eager))
+    """``pytest`` on ``tests`` (a test module) next to the project's ``proj.py``, whose
+    store is ``store`` (by default, like its broker, on a port nothing listens on)."""
+    port = free_port()
+    store = store or f"redis://127.0.0.1:{port}/2"
+    (tmp_path / "proj.py").write_text(APP.format(port=port, eager=eager, store=store))
     (tmp_path / "test_proj.py").write_text(textwrap.dedent(tests))
     (tmp_path / "pytest.ini").write_text(f"[pytest]\n{ini}\n")
     environ = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
