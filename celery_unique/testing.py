@@ -140,7 +140,9 @@ def testing_namespace(app: Celery) -> str:
 
 class HeldKeyName(str):
     """A held key's display name (``task:key``, or the bare key when shared by every
-    task), with the key's facts as attributes (``job_id``, ``kind``, ``held``)."""
+    task), with the key's record as ``held`` and its fields as attributes (``job_id``,
+    ``kind``, ``task``, ``finished``, ...; ``key`` and ``storage_key`` are the key as
+    the store holds it)."""
 
     __slots__ = ("held",)
     held: HeldKey
@@ -167,6 +169,18 @@ class HeldKeyName(str):
     def storage_key(self) -> str:
         """The key as the store holds it (``unique:v1:...``, with a ``\\x1f``)."""
         return self.held.key
+
+    #: ``HeldKey.key``, for code written when ``held_keys()`` returned records.
+    key = storage_key
+
+    def __getattr__(self, name: str) -> Any:
+        # The record's other fields (scope, expires_in_ms, since_ms, ...).
+        if name == "held":
+            raise AttributeError(name)
+        return getattr(self.held, name)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HeldKeyName, (self.held,))
 
     @property
     def finished(self) -> bool:

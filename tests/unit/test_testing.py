@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 import threading
 
 import pytest
@@ -89,3 +90,17 @@ def test_unique_eager_keeps_an_exists_key_and_wait_released_accepts_it(
     done = job.delay()
     testing.wait_released(done, timeout=1)
     assert [held.finished for held in testing.held_keys()] == [True]
+
+
+def test_held_keys_keep_the_record_fields_older_code_read(app: Celery, unique_store: Store) -> None:
+    """``.key`` is still the storage key and every record field reads through; copies too."""
+
+    @app.task(shared=False, base=UniqueTask, unique_key="k", unique_while="active")
+    def job() -> None: ...
+
+    job.delay()
+    (held,) = testing.held_keys()
+    assert held.key == held.storage_key == held.held.key
+    assert (held.scope, held.expires_in_ms) == (held.held.scope, held.held.expires_in_ms)
+    again = pickle.loads(pickle.dumps(held))
+    assert (again, again.held) == (held, held.held)
