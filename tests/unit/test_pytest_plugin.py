@@ -4,6 +4,7 @@ next to Celery's own fixtures and pytest-celery, with no service reachable."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,8 @@ import pytest
 from tests.processes import free_port
 
 pytestmark = pytest.mark.slow
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 #: The project's app: everything it names is on a port nothing listens on.
 APP = """
@@ -63,38 +66,25 @@ def run_pytest(
     )
 
 
+def fenced(page: str, language: str) -> list[str]:
+    """The code blocks of a docs page written in ``language``."""
+    return re.findall(rf"^```{language}\n(.*?)^```$", page, flags=re.MULTILINE | re.DOTALL)
+
+
 def passed(run: subprocess.CompletedProcess[str], count: int) -> bool:
     return run.returncode == 0 and f"{count} passed" in run.stdout
 
 
 def test_fixtures_work_beside_celerys_pytest_fixtures(tmp_path: Path) -> None:
-    """With Celery's ``celery_app``/``celery_worker`` (pytest-celery disabled as documented),
-    ``unique_store`` acts on ``celery_app`` and ``wait_released`` sees the worker's release."""
-    run = run_pytest(
-        tmp_path,
-        """
-        from celery_unique import UniqueTask
-        from celery_unique.testing import held_keys, wait_released
-
-
-        def test_worker_run(celery_app, celery_worker, unique_store):
-            @celery_app.task(base=UniqueTask, unique_key="nightly", unique_while="active")
-            def nightly():
-                return "done"
-
-            celery_worker.reload()
-            first = nightly.delay()
-            assert nightly.delay().id == first.id
-            assert held_keys() == [f"{nightly.name}:nightly"]
-            assert first.get(timeout=10) == "done"
-            wait_released(first)
-            assert held_keys() == []
-        """,
-        "-p",
-        "no:celery",
-        "-p",
-        "celery.contrib.pytest",
-    )
+    """The Testing page's example with Celery's ``celery_app``/``celery_worker`` passes, run
+    with the options the page gives for pytest-celery: ``unique_store`` acts on
+    ``celery_app`` and ``wait_released`` sees the in-thread worker's release."""
+    page = (DOCS / "testing.md").read_text()
+    (example,) = [block for block in fenced(page, "python") if "celery_worker" in block]
+    (options,) = [block for block in fenced(page, "ini") if "addopts" in block]
+    addopts = options.split("addopts =", 1)[1].split()
+    assert addopts == ["-p", "no:celery", "-p", "celery.contrib.pytest"]
+    run = run_pytest(tmp_path, example, *addopts)
     assert passed(run, 1), run.stdout + run.stderr
 
 
