@@ -84,7 +84,11 @@ def unique_store(
 
     The app's previous settings come back afterwards, with its connections.
     """
-    saved = {name: app.conf.get(name) for name in _SAVED}
+    # Only what the app itself was told: a setting read from Django's settings (or
+    # any config_from_object source) must keep following its source afterwards.
+    changes = app.conf.changes
+    assert changes is not None  # a loaded configuration always has its layer of changes
+    saved = {name: changes[name] for name in _SAVED if name in changes}
     config.reset(app)
     app.conf.unique_backend = url
     if namespace is not None:
@@ -100,7 +104,11 @@ def unique_store(
     finally:
         _active.remove(app)
         config.reset(app)
-        app.conf.update(saved)
+        for name in _SAVED:
+            if name in saved:
+                changes[name] = saved[name]
+            else:
+                changes.pop(name, None)
         if broker is not None:
             _drop_connections(app)
 

@@ -104,3 +104,20 @@ def test_held_keys_keep_the_record_fields_older_code_read(app: Celery, unique_st
     assert (held.scope, held.expires_in_ms) == (held.held.scope, held.held.expires_in_ms)
     again = pickle.loads(pickle.dumps(held))
     assert (again, again.held) == (held, held.held)
+
+
+def test_unique_store_leaves_settings_read_from_a_source_following_it() -> None:
+    """Settings the app reads from ``config_from_object`` (Django's settings) are not frozen
+    by the block: a later change of the source (``override_settings``) still reaches it."""
+
+    class Settings:
+        unique_backend = "memory://"
+        broker_url = "memory://"
+
+    app = Celery("sourced", set_as_current=False)
+    app.config_from_object(Settings)
+    with testing.unique_store(app, eager=True, broker="memory://", namespace="other"):
+        assert (app.conf.get("unique_namespace"), app.conf.task_always_eager) == ("other", True)
+    Settings.unique_backend = "sqlite:///elsewhere.db"
+    assert app.conf.unique_backend == "sqlite:///elsewhere.db"
+    assert (app.conf.get("unique_namespace"), app.conf.task_always_eager) == (None, False)
