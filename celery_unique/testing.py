@@ -73,12 +73,12 @@ def unique_store(
     """Use a fresh store (memory by default) for ``app`` inside the block.
 
     * ``eager=True`` also turns on ``task_always_eager`` for the block.
-    * ``broker="memory://"`` also points the app's broker at kombu's in-memory
-      transport and its result backend at ``cache+memory://``, so that a
-      dispatch reaches no service (a message stays in this process; a Redis
-      result backend would be contacted by every dispatch). Without it the
-      app's broker is left as it is: a dispatch that is not eager publishes
-      to it.
+    * ``broker`` also moves the app's broker there for the block;
+      ``broker="memory://"`` (kombu's in-memory transport) moves its result
+      backend to ``cache+memory://`` as well, so that a dispatch reaches no
+      service (a message stays in this process; a Redis result backend would
+      be contacted by every dispatch). Without it the app's broker is left as
+      it is: a dispatch that is not eager publishes to it.
     * ``namespace`` gives the keys a namespace of their own (for a shared
       store such as Redis: ``unique_namespace``).
 
@@ -114,12 +114,9 @@ def unique_store(
 
 
 def _use_broker(app: Celery, broker: str) -> None:
-    app.conf.update(
-        broker_url=broker,
-        broker_read_url=None,
-        broker_write_url=None,
-        result_backend="cache+memory://" if broker.startswith("memory://") else None,
-    )
+    app.conf.update(broker_url=broker, broker_read_url=None, broker_write_url=None)
+    if broker.startswith("memory://"):
+        app.conf.update(result_backend="cache+memory://")
     _drop_connections(app)
 
 
