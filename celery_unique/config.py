@@ -20,6 +20,7 @@ from celery import Celery
 
 from celery_unique.booleans import parse_bool
 from celery_unique.durations import parse_duration_ms
+from celery_unique.eager import EagerRuns
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.keyspace import SPREADS, validate_namespace
 from celery_unique.masking import masked
@@ -65,6 +66,8 @@ class Runtime:
     #: ``False`` until worked out.
     colocation: Any = False
     recently_held: RecentlyHeld = field(default_factory=RecentlyHeld)
+    #: Outcomes of the jobs run eagerly here, for the receipts of their duplicates.
+    eager_runs: EagerRuns = field(default_factory=EagerRuns)
 
     def __repr__(self) -> str:
         # A repr lands in logs and tracebacks; the store's URL may hold its password.

@@ -436,13 +436,26 @@ def reused(
     *,
     callbacks: bool,
     group_member: bool = False,
+    eager: bool | None = None,
 ) -> UniqueResult:
-    """The existing job's result, stamped as reused; warns when callbacks are left behind."""
+    """The existing job's result, stamped as reused; warns when callbacks are left behind.
+
+    A dispatch that would have run eagerly (``eager``; by default, when the app
+    has ``task_always_eager``) gets an ``EagerResult`` of the holder
+    (:mod:`celery_unique.eager`): no worker or result backend will ever fill
+    an ``AsyncResult`` there.
+    """
     verdict = decision.verdict
     match = DuplicateMatch.WINDOW if verdict is Verdict.REUSED_WINDOW else DuplicateMatch.ACTIVE
     matched_key = plan.window_key if match is DuplicateMatch.WINDOW else plan.active_key
     signals.emit_reused(task, plan, decision)
-    result = task.AsyncResult(decision.job_id)
+    if eager is None:
+        eager = bool(task.app.conf.task_always_eager)
+    result = (
+        runtime(task.app).eager_runs.result_of(decision.job_id, task.name)
+        if eager
+        else task.AsyncResult(decision.job_id)
+    )
     # A window match means the same request, callbacks included (they are in the
     # fingerprint); an active match may hand back a job that lacks them.
     dropped = callbacks and match is DuplicateMatch.ACTIVE
@@ -556,7 +569,9 @@ def run_eagerly(
     if header is not None:
         release_now(app, rt, job_id, header, finished=False)
     try:
-        return run()
+        ran = run()
+        rt.eager_runs.note(ran)
+        return ran
     finally:
         if header is not None:
             release_now(app, rt, job_id, header, finished=True)
@@ -574,15 +589,20 @@ def apply_unique(
     *,
     producer: Any = None,
     publishes: bool = True,
+    eager: bool | None = None,
 ) -> UniqueResult:
     """A dispatch of a unique task.
 
     ``send`` is Celery's own ``apply_async`` or ``send_task`` (``publishes=True``:
     it takes a ``producer``, and the store's round trip overlaps building the
     message) or ``apply`` (``publishes=False``: the job runs here, after the
-    decision).
+    decision). ``eager``: whether ``send`` runs the job here (by default, for
+    ``apply`` or under ``task_always_eager``); a duplicate's receipt is then
+    an ``EagerResult``.
     """
     app = task.app
+    if eager is None:
+        eager = not publishes or bool(app.conf.task_always_eager)
     if not publishes:
         gate = gate_for(task_id)
         if gate is not None:
@@ -644,7 +664,9 @@ def apply_unique(
         error = verdict_error(task, planned, decision)
         if error is not None:
             raise error
-        return reused(task, planned, decision, callbacks=callbacks, group_member=group_member)
+        return reused(
+            task, planned, decision, callbacks=callbacks, group_member=group_member, eager=eager
+        )
 
     if not publishes:
         decision = decide_one(rt, planned.claim)

@@ -184,3 +184,13 @@ class CallbacksNotAttached(UniquenessWarning):
 
 class GroupMemberReused(UniquenessWarning):
     """A group member was reused: the group's result for that member will never be ready."""
+
+
+class EagerOutcomeUnknown(UniquenessError):
+    """An eager dispatch reused a job whose outcome this process does not know."""
+
+    code = "eager_outcome_unknown"
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id

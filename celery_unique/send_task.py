@@ -63,8 +63,18 @@ def guard(app: Celery) -> None:
         producer = options.pop("producer", None)
         task_id = options.pop("task_id", None)
         link, link_error = options.pop("link", None), options.pop("link_error", None)
+        # send_task never runs a job eagerly, even under task_always_eager.
         return apply_unique(
-            task, send, args, kwargs, task_id, link, link_error, options, producer=producer
+            task,
+            send,
+            args,
+            kwargs,
+            task_id,
+            link,
+            link_error,
+            options,
+            producer=producer,
+            eager=False,
         )
 
     app.send_task = send_task  # type: ignore[method-assign,assignment]

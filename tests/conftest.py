@@ -92,6 +92,9 @@ if TYPE_CHECKING:
 
 HOST = "127.0.0.1"
 
+#: A project of its own, with its own pytest.ini: run by test_example_user_project.py.
+collect_ignore = ["example_user_project"]
+
 #: Test runs side by side on one Redis (the version matrix runs two cells at a
 #: time) each take their own pair of databases: slot n uses 9 + 2n and 10 + 2n.
 REDIS_SLOT = int(os.environ.get("CELERY_UNIQUE_TEST_REDIS_SLOT", "0"))

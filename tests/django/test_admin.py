@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from celery import Celery
 from django.contrib.auth.models import Permission
-from django.test import Client, override_settings
+from django.test import Client
 
 from celery_unique import Disposition
-from celery_unique.config import reset, runtime
+from celery_unique.config import runtime
+from celery_unique.stores.base import Store
+from celery_unique.testing import held_keys
 from celery_unique_django.models import UniqueKey
 from tests.django.example.shop.tasks import charge, recalculate_totals
 
@@ -57,12 +59,10 @@ def keys(example_app: Celery) -> dict[str, str]:
 
 
 @pytest.fixture
-def memory_store(example_app: Celery) -> Iterator[None]:
-    """The example app on the in-memory store instead of its database."""
-    with override_settings(CELERY_UNIQUE_BACKEND="memory://"):
-        reset(example_app)
-        yield
-    reset(example_app)
+def unique_app(example_app: Celery) -> Celery:
+    """The app of celery-unique's ``unique_store`` fixture (a memory store, here to show
+    a store other than the database)."""
+    return example_app
 
 
 def held_jobs(app: Celery) -> set[str]:
@@ -150,7 +150,7 @@ def test_held_keys_changelist_reads_the_django_store(
 
 
 def test_held_keys_changelist_reads_any_store(
-    admin_client: Client, memory_store: None, example_app: Celery
+    admin_client: Client, unique_store: Store, example_app: Celery
 ) -> None:
     """On the memory store (no table at all) the same view lists, searches and filters keys."""
     ada = recalculate_totals.delay("ada").id
@@ -168,27 +168,30 @@ def test_held_keys_changelist_reads_any_store(
     assert (ada in by_task, order in by_task) == (False, True)
 
 
-def test_held_keys_release(login: Login, memory_store: None, example_app: Celery) -> None:
+def test_held_keys_release(login: Login, unique_store: Store, example_app: Celery) -> None:
     """The release action frees the selected key of a non-Django store."""
     client = login("view_storekey", "release_key")
     job = recalculate_totals.delay("ada").id
-    (held,) = runtime(example_app).store.scan()
+    assert held_keys() == ["tests.django.example.shop.tasks.recalculate_totals:customer:ada"]
+    (held,) = held_keys()
     response = client.post(
-        HELD_KEYS, {"action": "release", "selected": [token(held.key, job)]}, follow=True
+        HELD_KEYS, {"action": "release", "selected": [token(held.storage_key, job)]}, follow=True
     )
     assert "Released 1 key." in response.content.decode()
     assert held_jobs(example_app) == set()
 
 
 def test_held_keys_release_leaves_a_key_another_job_took(
-    login: Login, memory_store: None, example_app: Celery
+    login: Login, unique_store: Store, example_app: Celery
 ) -> None:
     """A selection made for a job that no longer holds the key releases nothing."""
     client = login("view_storekey", "release_key")
     job = recalculate_totals.delay("ada").id
-    (held,) = runtime(example_app).store.scan()
+    (held,) = held_keys()
     response = client.post(
-        HELD_KEYS, {"action": "release", "selected": [token(held.key, "another-job")]}, follow=True
+        HELD_KEYS,
+        {"action": "release", "selected": [token(held.storage_key, "another-job")]},
+        follow=True,
     )
     assert "Released 0 keys." in response.content.decode()
     assert held_jobs(example_app) == {job}

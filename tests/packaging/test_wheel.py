@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import configparser
 import importlib.util
 import shutil
 import subprocess
@@ -86,3 +87,12 @@ def test_the_django_app_carries_its_data_files(wheel: zipfile.ZipFile) -> None:
     assert "celery_unique_django/migrations/0001_initial.py" in expected
     assert "celery_unique_django/management/commands/celery_unique.py" in expected
     assert sorted(expected - names) == []
+
+
+@pytest.mark.slow
+def test_the_wheel_registers_the_pytest_plugin(wheel: zipfile.ZipFile) -> None:
+    """pytest finds the plugin through the ``pytest11`` entry point, named ``celery_unique``."""
+    (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    parsed = configparser.ConfigParser()
+    parsed.read_string(wheel.read(entry_points).decode())
+    assert dict(parsed["pytest11"]) == {"celery_unique": "celery_unique.pytest_plugin"}

@@ -26,6 +26,12 @@ def app() -> Iterator[Celery]:
 
 
 @pytest.fixture
+def unique_app(app: Celery) -> Celery:
+    """The app of celery-unique's own fixtures (``unique_store``, ``unique_eager``)."""
+    return app
+
+
+@pytest.fixture
 def published() -> Iterator[list[dict[str, Any]]]:
     """Headers of every message published during the test, in order."""
     sent: list[dict[str, Any]] = []
