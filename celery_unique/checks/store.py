@@ -8,6 +8,7 @@ from typing import Any
 from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
 from celery_unique.checks.masking import masked, redacted
 from celery_unique.config import configured_backend_url, runtime
+from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.stores.base import EvictionUnknown
 
 #: How long an app's entry in the namespace registry counts without being renewed.
@@ -39,12 +40,13 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
             if fail_open
             else "unique dispatches fail with backend_unavailable (fail-closed)"
         )
+        what, fix = unusable_because(exc)
         return [
             finding(
                 "celery_unique.W012" if fail_open else "celery_unique.E012",
                 "unique_backend",
-                f"the uniqueness store {masked(url)} cannot be reached: {redacted(str(exc), url)}",
-                f"while it is down, {consequence}; start the store or correct unique_backend",
+                f"the uniqueness store {masked(url)} {what}: {redacted(str(exc), url)}",
+                f"until then, {consequence}; {fix}",
             )
         ]
     findings = isolated("celery_unique.E026", "unique_backend", _eviction, store, url, url=url)
@@ -58,6 +60,48 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
         url=url,
     )
     return findings
+
+
+#: How stores and their clients word a refused login (redis-py raises ResponseError for some).
+_AUTH_WORDS = ("NOAUTH", "WRONGPASS", "invalid username-password", "Authentication", "NOPERM")
+
+
+def unusable_because(error: BaseException) -> tuple[str, str]:
+    """Why a store that raised ``error`` on its first command cannot be used, and the fix:
+    its login refused, its table not migrated, the store not set up in this process, or no
+    answer at all."""
+    chain = _causes(error)
+    kinds = {type(each).__name__ for each in chain}
+    if any("Authentication" in kind for kind in kinds) or any(
+        word in str(each) for each in chain for word in _AUTH_WORDS
+    ):
+        return (
+            "refuses the credentials it is given",
+            "correct the user name and password in unique_backend (or the store's ACL)",
+        )
+    if any("manage.py migrate" in str(each) for each in chain):
+        return ("has no table yet", "run the migration the message names")
+    if any(isinstance(each, (ImproperlyConfigured, ImportError)) for each in chain):
+        return (
+            "cannot be opened in this process",
+            "install or configure what the message names (for django://, add "
+            "celery_unique_django to INSTALLED_APPS and set Django up first)",
+        )
+    unreachable = kinds & {"ConnectionError", "TimeoutError"}
+    if unreachable or any(isinstance(each, OSError) for each in chain):
+        return (
+            "cannot be reached",
+            "start the store, or correct the host and port in unique_backend",
+        )
+    return ("does not answer its first command", "correct what the message names")
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from (a store wraps its client's errors)."""
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 10:
+        chain.append(cause)
+    return chain
 
 
 def _eviction(store: Any, url: str) -> list[Finding]:
