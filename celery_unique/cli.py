@@ -289,6 +289,10 @@ def release(
     ctx.obj.echo(f"released {info.kind.value} key {info.display_key!r} (job {info.job_id})")
 
 
+def _keys(count: int) -> str:
+    return f"{count} key" if count == 1 else f"{count} keys"
+
+
 def _release_every_key(
     ctx: click.Context, *, kind: str | None, task: str | None, dry_run: bool, yes: bool
 ) -> None:
@@ -308,14 +312,14 @@ def _release_every_key(
         )
     )
     if dry_run:
-        ctx.obj.echo(f"dry run: {len(held)} keys held in {where}; nothing released")
+        ctx.obj.echo(f"dry run: {_keys(len(held))} held in {where}; nothing released")
         return
     if not yes:
-        click.confirm(f"Release these {len(held)} keys held in {where}?", abort=True)
+        click.confirm(f"Release the {_keys(len(held))} listed, held in {where}?", abort=True)
     released = operations.release_many(app, held)
     moved = len(held) - len(released)
     ctx.obj.echo(
-        f"released {len(released)} of {len(held)} keys"
+        f"released {len(released)} of {_keys(len(held))}"
         + (f"; {moved} changed hands since listed and were left alone" if moved else "")
     )
 

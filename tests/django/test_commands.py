@@ -165,12 +165,12 @@ def test_release_all_lists_then_frees_every_key(
     monkeypatch.setattr("sys.stdin", StringIO("n\n"))
     with pytest.raises(CommandError, match="aborted"):
         run("celery_unique", "release", "--all", "--kind", "active")
-    assert f"Release these 1 keys held in namespace {store!r} (active keys)?" in (
+    assert f"Release the 1 key listed, held in namespace {store!r} (active keys)?" in (
         capsys.readouterr().out
     )
     assert held_jobs(example_app) == {ada, order}
     out = run("celery_unique", "release", "--all", "--task", recalculate_totals.name, "--yes")
-    assert out.splitlines()[-1] == "released 1 of 1 keys"
+    assert out.splitlines()[-1] == "released 1 of 1 key"
     assert held_jobs(example_app) == {order}
 
 

@@ -434,7 +434,7 @@ def test_release_all_lists_asks_and_frees_every_key(cli_app: CliApp) -> None:
     refused = cli_app.run("release", "--all", "--task", "cli.report", input="n\n")
     assert refused.returncode == 1
     assert (
-        f"Release these 2 keys held in namespace {cli_app.namespace!r} "
+        f"Release the 2 keys listed, held in namespace {cli_app.namespace!r} "
         "(all keys of task 'cli.report')?"
     ) in refused.stdout
     assert listed() == {*jobs, window}
