@@ -7,6 +7,7 @@ configuration and ``--no-color``/``--quiet`` come from ``celery`` itself::
                                [--limit N] [--offset N] [--json]
     celery -A proj unique show KEY [--kind active|window] [--json]
     celery -A proj unique release KEY [--kind ...] [--job-id ID] [--yes]
+    celery -A proj unique release --all [--task NAME] [--kind ...] [--dry-run] [--yes]
     celery -A proj unique reap [--apply] [--json]
     celery -A proj unique stats [--json]
     celery -A proj unique explain TASK_NAME [--args JSON] [--kwargs JSON] [--options JSON] [--json]
@@ -84,7 +85,7 @@ def _job_state(app: Any, job_id: str) -> str:
 @click.pass_context
 @handle_preload_options
 def unique(ctx: click.Context) -> None:
-    """Inspect and manage celery-unique keys: list, show, release, reap, stats, explain."""
+    """Inspect and manage celery-unique keys: list, show, release, reap, stats, explain, check."""
 
 
 @unique.command(name="list", cls=CeleryCommand)
@@ -178,13 +179,30 @@ def _describe(info: KeyInfo, state: str) -> str:
     return "\n".join(f"{name + ':':<13} {value}" for name, value in rows)
 
 
-def _scoped_hint(key: str) -> str:
-    if key.startswith(keyspace.PREFIX):
+def _not_held(app: Any, key: str, job_id: str | None = None) -> str:
+    """Why nothing was found for KEY: it is not held, and, if it may lack its task, how to ask."""
+    if job_id:
+        why = f"is not held by job {job_id} in namespace {runtime(app).namespace!r} (released, "
+        why += "expired or held by another job)"
+    else:
+        why = f"is not held in namespace {runtime(app).namespace!r} (released or expired)"
+    return f"{key!r} {why}" + _scoped_hint(app, key)
+
+
+def _scoped_hint(app: Any, key: str) -> str:
+    """A hint for a key given without its task name; none for a key that has one."""
+    if key.startswith(keyspace.PREFIX) or _names_a_task(app, key):
         return ""
     return (
-        f" (keys are scoped to their task unless declared with unique_prefix=False: "
-        f"try '<task name>:{key}', or: unique list --match '*:{key}')"
+        f"; if it is scoped to its task (declared without unique_prefix=False), "
+        f"give '<task name>:{key}', or find it with: unique list --match '*:{key}'"
     )
+
+
+def _names_a_task(app: Any, key: str) -> bool:
+    """Whether KEY starts with the name of one of the app's tasks: a display key."""
+    app.loader.import_default_modules()
+    return any(key.startswith(f"{name}:") for name in app.tasks)
 
 
 @unique.command(cls=CeleryCommand)
@@ -198,10 +216,7 @@ def show(ctx: click.Context, key: str, kind: str | None, as_json: bool) -> None:
     app = _app(ctx)
     found = operations.show(app, key, kind=kind)
     if not found:
-        raise click.ClickException(
-            f"no held key matches {key!r} in namespace {runtime(app).namespace!r}"
-            + _scoped_hint(key)
-        )
+        raise click.ClickException(_not_held(app, key))
     states = [_job_state(app, info.job_id) for info in found]
     if as_json:
         _echo_json(
@@ -218,25 +233,50 @@ def show(ctx: click.Context, key: str, kind: str | None, as_json: bool) -> None:
 
 
 @unique.command(cls=CeleryCommand)
-@click.argument("key")
+@click.argument("key", required=False)
 @click.option("--kind", type=_KIND, cls=CeleryOption, help="Only this kind of key.")
 @click.option("--job-id", cls=CeleryOption, help="Release only while this job holds the key.")
+@click.option(
+    "--all",
+    "release_all",
+    is_flag=True,
+    cls=CeleryOption,
+    help="Release every held key of the namespace (of --task, of --kind), listing them first.",
+)
+@click.option("--task", cls=CeleryOption, help="With --all: only keys written by this task.")
+@click.option(
+    "--dry-run", is_flag=True, cls=CeleryOption, help="With --all: list the keys, release none."
+)
 @click.option("--yes", "-y", is_flag=True, cls=CeleryOption, help="Do not ask for confirmation.")
 @click.pass_context
 @_operator_errors
-def release(ctx: click.Context, key: str, kind: str | None, job_id: str | None, yes: bool) -> None:
-    """Release KEY now, so the next dispatch with it creates a job.
+def release(
+    ctx: click.Context,
+    key: str | None,
+    kind: str | None,
+    job_id: str | None,
+    release_all: bool,
+    task: str | None,
+    dry_run: bool,
+    yes: bool,
+) -> None:
+    """Release KEY (or, with --all, every held key) now, so the next dispatch creates a job.
 
     The job holding it is not stopped; a duplicate of it may then run beside it.
     """
+    if release_all:
+        if key is not None or job_id is not None:
+            raise click.UsageError("--all releases every key: give no KEY and no --job-id")
+        _release_every_key(ctx, kind=kind, task=task, dry_run=dry_run, yes=yes)
+        return
+    if key is None:
+        raise click.UsageError("give the KEY to release, or --all")
+    if task is not None or dry_run:
+        raise click.UsageError("--task and --dry-run go with --all")
     app = _app(ctx)
     info = operations.resolve(app, key, kind=kind, job_id=job_id)
     if info is None:
-        held_by = f" held by job {job_id}" if job_id else ""
-        raise click.ClickException(
-            f"no key{held_by} matches {key!r} in namespace {runtime(app).namespace!r}"
-            + _scoped_hint(key)
-        )
+        raise click.ClickException(_not_held(app, key, job_id))
     if not yes:
         click.confirm(
             f"Release {info.kind.value} key {info.display_key!r} held by job {info.job_id}?",
@@ -247,6 +287,41 @@ def release(ctx: click.Context, key: str, kind: str | None, job_id: str | None, 
             f"{info.display_key!r} was not released: it no longer points at job {info.job_id}"
         )
     ctx.obj.echo(f"released {info.kind.value} key {info.display_key!r} (job {info.job_id})")
+
+
+def _keys(count: int) -> str:
+    return f"{count} key" if count == 1 else f"{count} keys"
+
+
+def _release_every_key(
+    ctx: click.Context, *, kind: str | None, task: str | None, dry_run: bool, yes: bool
+) -> None:
+    """``release --all``: list what would go, ask, then release each key still held by its job."""
+    app = _app(ctx)
+    held = operations.list_keys(app, kind=kind, task=task)
+    where = f"namespace {runtime(app).namespace!r}"
+    if kind or task:
+        where += f" ({kind or 'all'} keys{f' of task {task!r}' if task else ''})"
+    if not held:
+        ctx.obj.echo(f"no keys held in {where}: nothing to release")
+        return
+    ctx.obj.echo(
+        table(
+            ["KEY", "KIND", "STATE", "JOB", "TASK"],
+            [[shown(i.display_key), i.kind.value, i.state, i.job_id, i.task] for i in held],
+        )
+    )
+    if dry_run:
+        ctx.obj.echo(f"dry run: {_keys(len(held))} held in {where}; nothing released")
+        return
+    if not yes:
+        click.confirm(f"Release the {_keys(len(held))} listed, held in {where}?", abort=True)
+    released = operations.release_many(app, held)
+    moved = len(held) - len(released)
+    ctx.obj.echo(
+        f"released {len(released)} of {_keys(len(held))}"
+        + (f"; {moved} changed hands since listed and were left alone" if moved else "")
+    )
 
 
 @unique.command(cls=CeleryCommand)

@@ -294,9 +294,20 @@ def release(
     when ``key`` names several held keys (pass ``kind`` or the storage key).
     """
     info = resolve(app, key, kind=kind, job_id=job_id)
-    if info is None:
-        return False
-    released = runtime(app).store.delete(info.storage_key, job_id=job_id or info.job_id)
+    return info is not None and _release_held(app, info)
+
+
+def release_many(app: Celery, keys: Iterable[KeyInfo]) -> list[KeyInfo]:
+    """Forget each of these held keys (as :func:`list_keys` found them); return those forgotten.
+
+    Each delete is a compare-and-delete on the job the key was found with: a key
+    that changed hands since it was listed is left alone, and not returned.
+    """
+    return [info for info in keys if _release_held(app, info)]
+
+
+def _release_held(app: Celery, info: KeyInfo) -> bool:
+    released = runtime(app).store.delete(info.storage_key, job_id=info.job_id)
     if released:
         emit_released(
             app, info.job_id, info.storage_key, task_name=info.task, reason=ReleaseReason.OPERATOR

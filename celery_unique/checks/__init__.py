@@ -12,7 +12,8 @@ Every check has a stable id (``celery_unique.E0xx`` for errors,
 * at a task's first dispatch in a process, those about the task alone
   (:mod:`~celery_unique.checks.at_dispatch`).
 
-A check that raises is a finding of its own (E013): the others still report.
+A check that raises is a finding of its own (E013): the others still report. A task
+refused as a check defines it (its ``unique_*`` options are malformed) is E014.
 
 :mod:`~celery_unique.checks.catalogue` lists them all, with their fixes;
 :mod:`~celery_unique.checks.app` holds the checks that read only the app
@@ -25,9 +26,17 @@ from __future__ import annotations
 from typing import Any
 
 from celery_unique.checks.app import app_findings
-from celery_unique.checks.catalogue import CATALOGUE, Finding, Level, isolated, unfinished
+from celery_unique.checks.catalogue import (
+    CATALOGUE,
+    Finding,
+    Level,
+    invalid_declaration,
+    isolated,
+    unfinished,
+)
 from celery_unique.checks.fleet import fleet_findings
 from celery_unique.checks.store import store_findings
+from celery_unique.exceptions import InvalidDeclaration
 
 __all__ = [
     "CATALOGUE",
@@ -64,6 +73,8 @@ def import_task_modules(app: Any) -> list[Finding]:
     """
     try:
         app.loader.import_default_modules()
+    except InvalidDeclaration as exc:  # A task of a module imported after the app finalized.
+        return [invalid_declaration(exc)]
     except Exception as exc:
         hint = "make the module import: a worker of the app does not start either"
         return [unfinished("every task (its modules must import)", "imports", exc, None, hint)]

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery_unique.exceptions import InvalidDeclaration
 from celery_unique.masking import redacted
 from celery_unique.stores import STORES
 
@@ -85,6 +86,13 @@ CATALOGUE = _checks(
         "does not import, ...), so whether what it looks for is wrong is unknown",
         "correct what the message names and check again; a store that refuses a command "
         "(`NOPERM`) must let its user run every command celery-unique sends",
+    ),
+    Check(
+        "celery_unique.E014",
+        E,
+        "a task's uniqueness options are malformed (`invalid_declaration`): the task cannot "
+        "be defined, and a task of `@shared_task` fails at its first dispatch instead",
+        "correct the option the message names",
     ),
     Check(
         "celery_unique.E020",
@@ -177,6 +185,36 @@ def unfinished(
     )
 
 
+def invalid_declaration(error: InvalidDeclaration) -> Finding:
+    """E014: a task's declaration was refused as it was defined; named if the task is known."""
+    task = declaring_task(error)
+    return finding(
+        "celery_unique.E014",
+        task or "tasks",
+        f"task {task or '(name unknown)'} is declared with invalid uniqueness options "
+        f"({error.code}): {error}",
+        "correct the option the message names in the task's declaration "
+        "(@app.task(...) or @shared_task(...)); the task cannot be defined until then",
+    )
+
+
+def declaring_task(error: BaseException) -> str | None:
+    """The name of the task whose class was being created when ``error`` was raised.
+
+    Celery creates a task's class when the app is finalized (for ``@shared_task``, or
+    ``@app.task`` before it); the class refuses its options as it is created, in
+    ``__init_subclass__``, whose frame still holds the class.
+    """
+    tb = error.__traceback__
+    name = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__init_subclass__":
+            name = getattr(frame.f_locals.get("cls"), "name", None) or name
+        tb = tb.tb_next
+    return name if isinstance(name, str) else None
+
+
 def isolated(
     covers: str,
     subject: str,
@@ -187,5 +225,7 @@ def isolated(
     """``check(*args)``; one that raises is a finding of its own (E013), so the others report."""
     try:
         return check(*args)
+    except InvalidDeclaration as exc:  # A task defined as the check read the app's tasks.
+        return [invalid_declaration(exc)]
     except Exception as exc:  # A bug, a refused command: never the end of every other check.
         return [unfinished(covers, subject, exc, url)]

@@ -50,9 +50,14 @@ def store_findings(app: Any, earlier: Sequence[Finding] = ()) -> list[Finding]:
 
 def _unusable(fail_open: bool, url: str, exc: Exception) -> Finding:
     """E001 for a URL that cannot be used as written; else E012 (W012 failing open), which
-    says whether the store is down or refuses what its settings ask."""
+    names why the store cannot be used: its login or what its settings ask refused, no
+    table yet, or no answer."""
     said = redacted(str(exc), url)
-    if isinstance(exc, ImproperlyConfigured) and not isinstance(exc, BackendUnavailable):
+    if (
+        isinstance(exc, ImproperlyConfigured)
+        and not isinstance(exc, BackendUnavailable)
+        and not _not_set_up(exc)
+    ):
         return finding(
             "celery_unique.E001",
             "unique_backend",
@@ -67,15 +72,73 @@ def _unusable(fail_open: bool, url: str, exc: Exception) -> Finding:
         if fail_open
         else f"unique dispatches fail with {code} (fail-closed)"
     )
-    if isinstance(exc, ImproperlyConfigured):
-        message = f"the uniqueness store {masked(url)} refuses what its settings ask: {said}"
-        hint = f"until unique_backend or the store's ACL is corrected, {consequence}"
-    else:
-        message = f"the uniqueness store {masked(url)} cannot be reached: {said}"
-        hint = f"while it is down, {consequence}; start the store or correct unique_backend"
+    what, fix = unusable_because(exc)
+    if (
+        isinstance(exc, BackendUnavailable)
+        and isinstance(exc, ImproperlyConfigured)
+        and not (what.startswith("refuses the credentials"))
+    ):
+        # A refused database or an ACL refusal: the store answers, and says no.
+        what = "refuses what its settings ask"
+        fix = "correct unique_backend or the store's ACL"
     return finding(
-        "celery_unique.W012" if fail_open else "celery_unique.E012", "unique_backend", message, hint
+        "celery_unique.W012" if fail_open else "celery_unique.E012",
+        "unique_backend",
+        f"the uniqueness store {masked(url)} {what}: {said}",
+        f"until then, {consequence}; {fix}",
     )
+
+
+#: How stores and their clients word a refused login (redis-py raises ResponseError for some).
+_AUTH_WORDS = ("NOAUTH", "WRONGPASS", "invalid username-password", "Authentication")
+
+
+def unusable_because(error: BaseException) -> tuple[str, str]:
+    """Why a store that raised ``error`` on its first command cannot be used, and the fix:
+    its login refused, its table not migrated, the store not set up in this process, or no
+    answer at all."""
+    chain = _causes(error)
+    kinds = {type(each).__name__ for each in chain}
+    if any("Authentication" in kind for kind in kinds) or any(
+        word in str(each) for each in chain for word in _AUTH_WORDS
+    ):
+        return (
+            "refuses the credentials it is given",
+            "correct the user name and password in unique_backend (or the store's ACL)",
+        )
+    if any("manage.py migrate" in str(each) for each in chain):
+        return ("has no table yet", "run the migration the message names")
+    if any(isinstance(each, (ImproperlyConfigured, ImportError)) for each in chain):
+        return (
+            "cannot be opened in this process",
+            "install or configure what the message names (for django://, add "
+            "celery_unique_django to INSTALLED_APPS and set Django up first)",
+        )
+    unreachable = kinds & {"ConnectionError", "TimeoutError"}
+    if unreachable or any(isinstance(each, OSError) for each in chain):
+        return (
+            "cannot be reached",
+            "start the store, or correct the host and port in unique_backend",
+        )
+    return ("does not answer its first command", "correct what the message names")
+
+
+def _not_set_up(error: BaseException) -> bool:
+    """Whether the store cannot be opened in this process (a client library missing, the
+    Django app not installed or Django not set up), rather than its URL being wrong."""
+    markers = ("INSTALLED_APPS", "Apps aren't loaded", "settings are not configured")
+    return any(
+        isinstance(each, ImportError) or any(marker in str(each) for marker in markers)
+        for each in _causes(error)
+    )
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from (a store wraps its client's errors)."""
+    chain = [error]
+    while (cause := chain[-1].__cause__ or chain[-1].__context__) and len(chain) < 10:
+        chain.append(cause)
+    return chain
 
 
 def _eviction(store: Any, url: str) -> list[Finding]:

@@ -19,10 +19,11 @@ celery_unique.E008  ``CELERY_UNIQUE_APP`` does not name a Celery app
 celery_unique.E009  the store's client library is not installed
 celery_unique.E010  the Django store is opened before django.setup()
 celery_unique.E011  database routers keep the store's table off its database
-celery_unique.E012  (deploy) the store cannot be reached, fail-closed
+celery_unique.E012  (deploy) the store cannot be used (and why), fail-closed
 celery_unique.E013  a check could not finish (a task module does not import, ...)
+celery_unique.E014  a task's ``unique_*`` options are malformed
 celery_unique.W001  ``CELERY_UNIQUE_*`` settings the Celery app does not see
-celery_unique.W012  (deploy) the store cannot be reached, fail-open
+celery_unique.W012  (deploy) the store cannot be used (and why), fail-open
 ==================  =============================================================
 
 E001 also covers a project with no store at all (``unique_backend`` not set

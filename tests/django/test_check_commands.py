@@ -99,8 +99,8 @@ def test_the_celery_command_sets_django_up_for_a_django_store(project: Path) -> 
     assert unmigrated.returncode == 1, unmigrated.stderr
     [line] = [line for line in unmigrated.stdout.splitlines() if line.startswith("celery_")]
     assert line.startswith(
-        "celery_unique.E012 [error] unique_backend: the uniqueness store django:// cannot be "
-        "reached: "
+        "celery_unique.E012 [error] unique_backend: the uniqueness store django:// has no table "
+        "yet: "
     )
     assert "no such table" in line
     migrated = run(project, "manage.py", "migrate", "--verbosity", "0")

@@ -1,4 +1,4 @@
-"""``manage.py celery_unique`` and its deprecated ``unique_*`` aliases, on the example project.
+"""``manage.py celery_unique``, on the example project.
 
 Each test runs on the example's Django store (SQLite), on PostgreSQL
 (``django://postgres``) and on Redis: the commands work on whatever store the
@@ -16,14 +16,12 @@ from io import StringIO
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from celery import Celery
 from django.core.management import (
     ManagementUtility,
     call_command,
     get_commands,
-    load_command_class,
 )
 from django.core.management.base import CommandError
 from django.test import override_settings
@@ -38,14 +36,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO = Path(__file__).resolve().parents[2]
 ADA = f"{recalculate_totals.name}:customer:ada"
-#: The deprecated commands, by the ``celery unique`` command each one runs.
-ALIASES = {
-    "list": "unique_list",
-    "show": "unique_show",
-    "release": "unique_release",
-    "reap": "unique_reap",
-    "stats": "unique_stats",
-}
+#: The per-operation commands of releases up to 0.1.0, removed since.
+OLD_NAMES = ["unique_list", "unique_show", "unique_release", "unique_reap", "unique_stats"]
 
 
 @pytest.fixture(
@@ -86,13 +78,6 @@ def run(*args: str, **options: Any) -> str:
     out = StringIO()
     call_command(*args, stdout=out, stderr=StringIO(), **options)
     return out.getvalue()
-
-
-def run_alias(*args: str, **options: Any) -> tuple[str, str]:
-    """What a deprecated command printed on stdout and on stderr."""
-    out, err = StringIO(), StringIO()
-    call_command(*args, stdout=out, stderr=err, **options)
-    return out.getvalue(), err.getvalue()
 
 
 def steady(printed: str) -> Any:
@@ -150,7 +135,7 @@ def test_show_names_the_holder(example_app: Celery, store: str) -> None:
     out = run("celery_unique", "show", ADA)
     assert job in out
     assert "queued" in out
-    with pytest.raises(CommandError, match="no held key matches"):
+    with pytest.raises(CommandError, match=r"is not held in namespace .* \(released or expired\)$"):
         run("celery_unique", "show", f"{recalculate_totals.name}:customer:nobody")
 
 
@@ -160,8 +145,33 @@ def test_release_frees_the_key(example_app: Celery, store: str) -> None:
     assert "released active key" in run("celery_unique", "release", ADA, "--yes")
     assert recalculate_totals.delay("ada").disposition is Disposition.CREATED
     run("celery_unique", "release", "-y", ADA)
-    with pytest.raises(CommandError, match="no key matches"):
+    with pytest.raises(CommandError, match="is not held in namespace"):
         run("celery_unique", "release", ADA, "--yes")
+
+
+def test_release_all_lists_then_frees_every_key(
+    example_app: Celery,
+    store: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """release --all lists the keys; --dry-run stops there, a "no" keeps them, --yes frees them."""
+    ada = recalculate_totals.delay("ada").id
+    order = charge.delay(order_id=1, amount_cents=5).id
+    dry = run("celery_unique", "release", "--all", "--dry-run")
+    assert ada in dry
+    assert order in dry
+    assert dry.splitlines()[-1] == f"dry run: 2 keys held in namespace {store!r}; nothing released"
+    monkeypatch.setattr("sys.stdin", StringIO("n\n"))
+    with pytest.raises(CommandError, match="aborted"):
+        run("celery_unique", "release", "--all", "--kind", "active")
+    assert f"Release the 1 key listed, held in namespace {store!r} (active keys)?" in (
+        capsys.readouterr().out
+    )
+    assert held_jobs(example_app) == {ada, order}
+    out = run("celery_unique", "release", "--all", "--task", recalculate_totals.name, "--yes")
+    assert out.splitlines()[-1] == "released 1 of 1 key"
+    assert held_jobs(example_app) == {order}
 
 
 def test_release_asks_first(
@@ -185,7 +195,7 @@ def test_release_asks_first(
 def test_release_with_job_id_is_compare_and_delete(example_app: Celery, store: str) -> None:
     """--job-id of a job that does not hold the key releases nothing."""
     job = recalculate_totals.delay("ada").id
-    with pytest.raises(CommandError, match="held by job not-that-one"):
+    with pytest.raises(CommandError, match="is not held by job not-that-one"):
         run("celery_unique", "release", ADA, "--job-id", "not-that-one", "--yes")
     assert held_jobs(example_app) == {job}
 
@@ -269,15 +279,14 @@ def celery_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_negative_limit_is_refused_as_celery_unique_refuses_it(example_app: Celery) -> None:
-    """--limit -1: the command and its old name refuse it with `celery unique list`'s message."""
+    """--limit -1: the command refuses it with `celery unique list`'s message."""
     celery = celery_cli("list", "--limit", "-1")
     assert celery.returncode == 2, celery.stderr
     message = celery.stderr.strip().splitlines()[-1].removeprefix("Error: ")
     assert message == "Invalid value for '--limit': -1 is not in the range x>=0."
-    for command in ("celery_unique", "list"), ("unique_list",):
-        with pytest.raises(CommandError) as refused:
-            run(*command, "--limit", "-1")
-        assert (str(refused.value), refused.value.returncode) == (message, 2)
+    with pytest.raises(CommandError) as refused:
+        run("celery_unique", "list", "--limit", "-1")
+    assert (str(refused.value), refused.value.returncode) == (message, 2)
 
 
 def test_a_refusal_exits_with_the_clis_status(capsys: pytest.CaptureFixture[str]) -> None:
@@ -299,8 +308,9 @@ def test_every_cli_command_is_a_subcommand(capsys: pytest.CaptureFixture[str]) -
         assert f"\n  {name} " in listing
     run("celery_unique", "release", "--help")
     helped = capsys.readouterr().out
-    assert "Usage: manage.py celery_unique release [OPTIONS] KEY" in helped
+    assert "Usage: manage.py celery_unique release [OPTIONS] [KEY]" in helped
     assert "--job-id" in helped
+    assert "--all" in helped
 
 
 def test_djangos_options_go_before_the_command(example_app: Celery) -> None:
@@ -314,87 +324,16 @@ def test_djangos_options_go_before_the_command(example_app: Celery) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["celery_unique", "--app", "no.such.module:app", "stats"],
-        ["unique_stats", "--app", "no.such.module:app"],
-    ],
-    ids=["celery_unique", "alias"],
-)
-def test_app_option_names_another_app(args: list[str]) -> None:
+def test_app_option_names_another_app() -> None:
     """--app picks the Celery app; one that cannot be imported is a command error."""
     with pytest.raises(CommandError, match="cannot be imported"):
-        run(*args)
+        run("celery_unique", "--app", "no.such.module:app", "stats")
 
 
 def test_commands_are_listed_under_the_apps_import_name() -> None:
-    """manage.py help lists the command and its old names under [celery_unique_django]."""
-    names = ["celery_unique", *ALIASES.values()]
-    assert {name: get_commands()[name] for name in names} == dict.fromkeys(
-        names, "celery_unique_django"
-    )
+    """manage.py help lists celery_unique, alone, under [celery_unique_django]."""
+    assert get_commands()["celery_unique"] == "celery_unique_django"
+    assert not set(OLD_NAMES) & set(get_commands())
     text = ManagementUtility(["manage.py", "help"]).main_help_text()
     section = text.split("[celery_unique_django]\n", 1)[1].split("\n\n", 1)[0]
-    assert section.split() == sorted(names)
-
-
-# -- the deprecated unique_* commands ---------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("subcommand", "args"),
-    [
-        ("list", ["--kind", "active", "--json"]),
-        ("show", [ADA, "--json"]),
-        ("reap", ["--json"]),
-        ("stats", []),
-    ],
-)
-def test_an_old_name_runs_the_same_command(
-    example_app: Celery, store: str, subcommand: str, args: list[str]
-) -> None:
-    """unique_<name> prints what celery_unique <name> prints, and one deprecation line."""
-    recalculate_totals.delay("ada")
-    charge.delay(order_id=1, amount_cents=5)
-    out, err = run_alias(ALIASES[subcommand], *args)
-    new = run("celery_unique", subcommand, *args)
-    assert steady(out) == steady(new) if "--json" in args else out == new
-    assert err.splitlines() == [
-        f"{ALIASES[subcommand]} is deprecated and will be removed in the next release: "
-        f"use `manage.py celery_unique {subcommand}`"
-    ]
-
-
-def test_old_release_takes_no_input_and_keyword_options(example_app: Celery, store: str) -> None:
-    """unique_release --no-input (or interactive=False) is release --yes; old kwargs still work."""
-    job = recalculate_totals.delay("ada").id
-    out, err = run_alias("unique_release", ADA, "--no-input")
-    assert out.strip() == f"released active key {ADA!r} (job {job})"
-    assert "deprecated" in err
-    job = recalculate_totals.delay("ada").id
-    with pytest.raises(CommandError, match="held by job not-that-one"):
-        run_alias("unique_release", ADA, job_id="not-that-one", interactive=False)
-    out, _ = run_alias("unique_release", ADA, job_id=job, interactive=False)
-    assert out.strip() == f"released active key {ADA!r} (job {job})"
-    window = charge.delay(order_id=1, amount_cents=5).id
-    listed, _ = run_alias("unique_list", kind="window", as_json=True)
-    assert [key["job_id"] for key in json.loads(listed)["keys"]] == [window]
-
-
-@pytest.mark.parametrize(("subcommand", "alias"), ALIASES.items())
-def test_an_old_name_takes_the_clis_options(subcommand: str, alias: str) -> None:
-    """Each old command accepts every option of the CLI command it runs, under the same name."""
-    help_text = StringIO()
-    load_command_class("celery_unique_django", alias).create_parser("manage.py", alias).print_help(
-        help_text
-    )
-    options = [
-        option
-        for param in cli.unique.commands[subcommand].params
-        if isinstance(param, click.Option)
-        for option in param.opts
-    ]
-    assert options
-    for option in options:
-        assert option in help_text.getvalue()
+    assert section.split() == ["celery_unique"]

@@ -11,6 +11,7 @@ from django.db import transaction
 from celery_unique import Disposition, UniquenessConflict
 from celery_unique.config import runtime
 from celery_unique_django.on_commit import OnCommitDispatch, dispatch_on_commit
+from celery_unique_django.task import UniqueDjangoTask
 from tests.django.example.shop.models import Order
 from tests.django.example.shop.tasks import charge, recalculate_totals, send_receipt
 
@@ -107,3 +108,19 @@ def test_robust_dispatch_logs_the_error_instead(
         )
     assert isinstance(pending.error, UniquenessConflict)
     assert "uniqueness_conflict" in repr(pending) or "UniquenessConflict" in repr(pending)
+
+
+def test_a_unique_django_task_is_celerys_django_task(
+    example_app: Celery, published: list[str]
+) -> None:
+    """UniqueDjangoTask is Celery's DjangoTask, its on-commit methods deferring as Celery's do."""
+    django_task = pytest.importorskip("celery.contrib.django.task").DjangoTask
+    assert issubclass(UniqueDjangoTask, django_task)
+    assert isinstance(send_receipt, django_task)
+    with transaction.atomic():
+        # Celery's call: positional args and kwargs, options as keywords.
+        pending = send_receipt.apply_async_on_commit((), {"order_id": 8}, countdown=0)
+        assert (pending.done, published) == (False, [])
+    assert pending.result is not None
+    assert pending.result.disposition is Disposition.CREATED
+    assert published == [pending.result.id]

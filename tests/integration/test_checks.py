@@ -86,6 +86,24 @@ def test_unique_options_on_a_plain_task_are_an_error(make_app: Callable[..., Cel
     assert "unique_key, unique_while" in found.message
 
 
+def test_an_invalid_declaration_is_reported_as_itself(make_app: Callable[..., Celery]) -> None:
+    """A task refused as the checks define it (lazily, as @shared_task tasks are): E014,
+    naming the task and the option, not E013 for the check that happened to define it."""
+    app = make_app()
+    keyed(app)
+
+    @app.task(base=UniqueTask, name="malformed", shared=False, unique_while="sometimes")
+    def malformed() -> None: ...
+
+    [found] = checks.run(app)
+    assert (found.id, found.subject, found.is_error) == ("celery_unique.E014", "malformed", True)
+    assert found.message.startswith(
+        "task malformed is declared with invalid uniqueness options (invalid_declaration): "
+        "unique_while must be one of"
+    )
+    assert "correct the option the message names" in found.hint
+
+
 def test_a_lease_shorter_than_the_redelivery_window_warns(
     make_app: Callable[..., Celery], rabbitmq_url: str
 ) -> None:
@@ -166,9 +184,26 @@ def test_an_unreachable_store_is_an_error_or_under_fail_open_a_warning(
     assert "127.0.0.1:1" in found.message
     assert "hunter2" not in found.message
     assert ids(closed, store=False) == []
+    assert "cannot be reached" in found.message
+    assert "correct the host and port" in found.hint
     opened = make_app(unique_backend=UNREACHABLE, unique_fail_open=True)
     keyed(opened)
     assert ids(opened) == ["celery_unique.W012"]
+
+
+def test_a_store_refusing_the_login_is_named_as_such(
+    make_app: Callable[..., Celery], redis_url: str
+) -> None:
+    """E012 names the cause: a login the store refuses is not an unreachable store."""
+    refused = redis_url.replace("redis://", "redis://nobody:wrong@", 1)
+    app = make_app(unique_backend=refused)
+    keyed(app)
+    [found] = checks.run(app)
+    assert found.id == "celery_unique.E012"
+    assert "refuses the credentials it is given" in found.message
+    assert "cannot be reached" not in found.message
+    assert "wrong" not in found.message
+    assert "correct the user name and password" in found.hint
 
 
 def test_two_apps_sharing_a_namespace_warn(make_app: Callable[..., Celery]) -> None:

@@ -33,7 +33,7 @@ from celery.utils import uuid as job_uuid
 from click.testing import CliRunner
 
 from celery_unique import config as unique_config
-from celery_unique import keyspace
+from celery_unique import keyspace, operations
 from celery_unique.cli import unique
 from celery_unique.stores.base import ActiveClaim, Claim, Scope, WindowClaim
 from celery_unique.stores.redis import RedisStore
@@ -352,16 +352,21 @@ def test_release_asks_first_and_compares_the_job_id(cli_app: CliApp) -> None:
 
     other = cli_app.run("release", "cli.report:tenant:3", "--job-id", job_uuid(), "--yes")
     assert other.returncode == 1
-    assert "no key held by job" in other.stderr
+    assert "'cli.report:tenant:3' is not held by job " in other.stderr
     assert cli_app.store.get(stored) is not None
 
     cli_app.ok("release", stored.replace("\x1f", "\\x1f"), "--job-id", held.id, input="y\n")
     assert cli_app.store.get(stored) is None
     missing = cli_app.run("show", "cli.report:tenant:3")
     assert missing.returncode == 1
-    assert f"no held key matches 'cli.report:tenant:3' in namespace {cli_app.namespace!r}" in (
-        missing.stderr
+    # A key given with its task is named as not held, without a hint to add a task name.
+    assert missing.stderr.strip() == (
+        f"Error: 'cli.report:tenant:3' is not held in namespace {cli_app.namespace!r} "
+        "(released or expired)"
     )
+    bare = cli_app.run("show", "tenant:3")
+    assert "'tenant:3' is not held" in bare.stderr
+    assert "give '<task name>:tenant:3'" in bare.stderr
 
 
 def test_release_of_an_ambiguous_key_names_the_candidates(cli_app: CliApp) -> None:
@@ -405,3 +410,66 @@ def test_keys_that_print_invisibly_are_kept_exact_and_shown_escaped(cli_app: Cli
     for output in (listing, shown):
         assert "\u202e" not in output
         assert "\u200b" not in output
+
+
+def test_release_all_lists_asks_and_frees_every_key(cli_app: CliApp) -> None:
+    """release --all lists what it would release (--dry-run stops there), asks, then frees."""
+    jobs = [cli_app.module.report.delay(tenant).id for tenant in (1, 2)]
+    window = cli_app.module.charge.delay("R1", 10).id
+
+    def listed() -> set[str]:
+        return {item["job_id"] for item in json.loads(cli_app.ok("list", "--json"))["keys"]}
+
+    dry = cli_app.ok("release", "--all", "--dry-run")
+    assert [line.split()[1:4] for line in dry.splitlines()[1:4]] == [
+        ["active", "held", jobs[0]],
+        ["active", "held", jobs[1]],
+        ["window", "remembered", window],
+    ]
+    assert dry.splitlines()[-1] == (
+        f"dry run: 3 keys held in namespace {cli_app.namespace!r}; nothing released"
+    )
+    assert listed() == {*jobs, window}
+
+    refused = cli_app.run("release", "--all", "--task", "cli.report", input="n\n")
+    assert refused.returncode == 1
+    assert (
+        f"Release the 2 keys listed, held in namespace {cli_app.namespace!r} "
+        "(all keys of task 'cli.report')?"
+    ) in refused.stdout
+    assert listed() == {*jobs, window}
+
+    freed = cli_app.ok("release", "--all", "--task", "cli.report", input="y\n")
+    assert freed.endswith("? [y/N]: released 2 of 2 keys\n")
+    assert listed() == {window}
+    assert cli_app.module.report.delay(1).id not in jobs
+
+    cli_app.ok("release", "--all", "--yes")
+    assert listed() == set()
+    assert cli_app.ok("release", "--all").strip() == (
+        f"no keys held in namespace {cli_app.namespace!r}: nothing to release"
+    )
+
+
+def test_release_needs_a_key_or_all_but_not_both(cli_app: CliApp) -> None:
+    """release alone, KEY with --all, --task without --all: usage errors, nothing released."""
+    cli_app.module.report.delay(1)
+    refused = (["release"], ["release", "k:1", "--all"], ["release", "k:1", "--task", "t"])
+    for args in refused:
+        done = cli_app.run(*args, "--yes")
+        assert done.returncode == 2, (args, done.stderr)
+    assert json.loads(cli_app.ok("stats", "--json"))["keys"] == 1
+
+
+def test_bulk_release_leaves_a_key_that_changed_hands(cli_app: CliApp) -> None:
+    """release_many deletes each key only while the job it was listed with holds it."""
+    app = cli_app.app
+    first = cli_app.module.report.delay(1).id
+    cli_app.module.report.delay(2)
+    listed = operations.list_keys(app)
+    assert operations.release(app, "cli.report:tenant:1")
+    again = cli_app.module.report.delay(1).id
+    assert again != first
+    released = operations.release_many(app, listed)
+    assert [info.display_key for info in released] == ["cli.report:tenant:2"]
+    assert [info.job_id for info in operations.list_keys(app)] == [again]

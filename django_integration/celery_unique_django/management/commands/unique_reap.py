@@ -1,9 +1,0 @@
-"""``manage.py unique_reap``: the deprecated name of ``manage.py celery_unique reap``."""
-
-from __future__ import annotations
-
-from celery_unique_django.management.commands._unique import DeprecatedAlias
-
-
-class Command(DeprecatedAlias):
-    subcommand = "reap"
