@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -270,6 +271,33 @@ def test_failed_publish_rolls_the_key_back(app: Celery) -> None:
         job.apply_async(retry=False)
     assert not isinstance(caught.value, BackendUnavailable)
     assert store_keys(app) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "retried"),
+    [({}, {"countdown": 0}), ({"countdown": 0}, {}), ("now", "now")],
+    ids=["no-countdown-then-zero", "zero-then-no-countdown", "same-eta-now"],
+)
+def test_a_client_retry_starting_now_again_is_the_same_request(
+    app: Celery, published: list[Any], first: Any, retried: Any
+) -> None:
+    """A client that retries a dispatch, spelling "start now" another way or passing the
+    same ``eta`` again once it has passed, gets its first job back, not a conflict."""
+    now = datetime.now(timezone.utc)
+    first, retried = ({"eta": now} if o == "now" else o for o in (first, retried))
+
+    @app.task(shared=False, base=UniqueTask, unique_window_key="order-1", unique_window=60)
+    def charge(amount: int) -> None:
+        return None
+
+    job = charge.apply_async((10,), **first)
+    again = charge.apply_async((10,), **retried)
+    assert (again.id, again.disposition, again.duplicate_match) == (
+        job.id,
+        Disposition.REUSED,
+        DuplicateMatch.WINDOW,
+    )
+    assert len(published) == 1
 
 
 def test_unreachable_store_fails_closed(app: Celery, published: list[Any]) -> None:
