@@ -57,6 +57,9 @@ TOOLS = [
     "psycopg[binary]>=3.1",
     "PyMySQL>=1.1",
     "pydantic>=2",
+    # gevent's Timeout is what a publish interrupted by something other than an
+    # Exception is tested with.
+    "gevent>=24.2",
 ]
 
 
