@@ -162,6 +162,31 @@ def require_service(name: str, host: str = HOST, port: int | None = None) -> Non
     pytest.skip(message)
 
 
+#: Set by the version matrix's cells (noxfile.py), where every test run applies: a test
+#: that does not is deselected there, with its reason, and a skip fails the run.
+_NO_SKIPS = os.environ.get("CELERY_UNIQUE_TEST_NO_SKIPS") == "1"
+_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _NO_SKIPS and report.skipped and not hasattr(report, "wasxfail"):
+        _skipped.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _skipped and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _skipped:
+        terminalreporter.write_sep(
+            "=", "skipped where every test must run (deselect one that does not apply)", red=True
+        )
+        for nodeid in _skipped:
+            terminalreporter.write_line(nodeid)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that requests a service fixture with that service's marker."""
     for item in items:

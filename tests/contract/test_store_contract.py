@@ -347,6 +347,29 @@ def test_get_scan_delete_and_stats(store: Store) -> None:
     assert store.get(A) is None
 
 
+def test_a_claim_mixing_shared_and_task_keys_reads_back_its_task(store: Store) -> None:
+    """A key shared across tasks names no task: every key of the claim reads back the
+    task that wrote it (``list --task`` and the reaper's retention go by it)."""
+    shared = keyspace.storage_key("ns", keyspace.ACTIVE, "", "tenant:7")
+    decide(store, windowed("j1", with_active=shared))
+    held = {key: store.get(key) for key in (W, shared)}
+    assert {key: h and (h.job_id, h.task) for key, h in held.items()} == {
+        W: ("j1", "tasks.order"),
+        shared: ("j1", "tasks.order"),
+    }
+    assert {h.key: h.task for h in store.scan()} == {W: "tasks.order", shared: "tasks.order"}
+
+
+def test_a_batch_of_more_keys_than_a_statement_binds_sees_every_held_key(store: Store) -> None:
+    """However many keys a batch decides, each held one is read: none is taken twice."""
+    keys = [f"unique:v1:{{ns}}:a:tasks.recalc\x1ftenant:{n}" for n in range(600)]
+    store.decide([active(f"first-{n}", key=key) for n, key in enumerate(keys)])
+    again = store.decide([active(f"again-{n}", key=key) for n, key in enumerate(keys)])
+    assert [(d.verdict, d.job_id) for d in again] == [
+        (Verdict.REUSED_ACTIVE, f"first-{n}") for n in range(len(keys))
+    ]
+
+
 def test_keys_are_opaque(store: Store) -> None:
     """Any valid key text round-trips: unicode, braces, glob and SQL metacharacters."""
     odd = "unique:v1:{ns}:a:t\x1fкey {x} *?[] '%_\"; DROP"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -25,7 +24,13 @@ from celery import signals
 from kombu import Exchange, Producer, Queue
 from kombu.common import Broadcast
 
-from celery_unique import BackendUnavailable, Disposition, ImproperlyConfigured, dispatch_many
+from celery_unique import (
+    BackendUnavailable,
+    Disposition,
+    ImproperlyConfigured,
+    cleanup,
+    dispatch_many,
+)
 from celery_unique import config as unique_config
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
@@ -47,6 +52,16 @@ def sent_by(proxy: FaultProxy, dispatch: Callable[[], Any]) -> tuple[Any, list[s
     before = len(proxy.command_log())
     result = dispatch()
     return result, [name for name in proxy.command_log()[before:] if name not in SETUP]
+
+
+def owes_nothing() -> None:
+    """Whatever this process owed the store in the background (the undo of a decision
+    whose reply was lost, every repeat of it; a rollback) has been sent."""
+    assert cleanup.flush(UNDONE_WITHIN_S), "writes still owed to the store"
+
+
+#: Longer than every repeat of a lost decision's undo takes.
+UNDONE_WITHIN_S = sum(cleanup.UNDO_REPEATS_S) + 10.0
 
 
 def warm(task: Any) -> None:
@@ -135,7 +150,7 @@ def test_a_lost_reply_never_parts_a_key_from_its_message(
         assert lost.value.maybe_applied
         if fault == "pause":
             proxy.resume()
-        time.sleep(3.0)  # longer than a separate store takes to undo a lost decision
+        owes_nothing()  # an undo of the lost decision, had one been owed, was sent
         holders = [
             held.split(b"\x1f")[2].decode() for k in keys if (held := store.get(job_key(spec, k)))
         ]
@@ -162,7 +177,7 @@ def test_a_drop_of_the_reply_after_the_script_ran_keeps_key_and_message(
         proxy.drop_replies(1)
         with pytest.raises(BackendUnavailable):
             task.apply_async(unique_key="kept", unique_while="active")
-        time.sleep(3.0)
+        owes_nothing()
         assert store.get(job_key(spec, "kept")) is not None, "the enqueued job lost its key"
         assert broker.llen(spec.queue) == queued + 1
 
@@ -328,10 +343,14 @@ def random_options(rng: random.Random, n: int, queues: list[Queue]) -> dict[str,
 
 
 def test_the_path_is_taken_only_where_it_is_exact(
-    make_spec: Callable[..., Spec], proxy: FaultProxy, services: RedisServer
+    make_spec: Callable[..., Spec],
+    proxy: FaultProxy,
+    services: RedisServer,
+    redis_server: Callable[..., RedisServer],
 ) -> None:
     """Off by setting, beside a foreign before_task_publish receiver, for a queue kombu
-    expires, a fanout exchange, and a connection to another server: asked first."""
+    expires, a fanout exchange, and a connection to another server (another
+    redis-server on the same host): asked first."""
     broker = broker_of(services)
     expiring = "expiring"
     changes = {"task_queues": [Queue(expiring, expires=600.0), Broadcast("everyone")]}
@@ -383,15 +402,23 @@ def test_the_path_is_taken_only_where_it_is_exact(
             assert len(seen) == 2, "the signal fired for a dispatch that published nothing"
         finally:
             signals.before_task_publish.disconnect(dispatch_uid="test.foreign")
-        other = app.connection_for_write(services.url(1))  # the server, not through the proxy
+        # Same host, another port: another server, which the store's script cannot reach.
+        elsewhere = redis_server()
+        other = app.connection_for_write(elsewhere.url(1))
         queued = broker.llen(app.conf.task_default_queue)
         with other:
             created, commands = sent_by(
                 proxy, lambda: task.apply_async(unique_key="given", connection=other)
             )
         assert created.disposition is Disposition.CREATED
-        assert commands == ["EVALSHA"]
-        assert broker.llen(app.conf.task_default_queue) == queued + 1
+        assert commands == ["EVALSHA"]  # the decision; kombu published to the other server
+        assert broker.llen(app.conf.task_default_queue) == queued
+        assert [
+            json.loads(message)["headers"]["id"]
+            for message in redis.Redis.from_url(elsewhere.url(1)).lrange(
+                app.conf.task_default_queue, 0, -1
+            )
+        ] == [created.id]
 
 
 def test_a_worker_runs_what_the_script_enqueued(

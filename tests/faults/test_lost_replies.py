@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from celery_unique import BackendUnavailable, Disposition, dispatch_many, keyspace
+from celery_unique import BackendUnavailable, Disposition, cleanup, dispatch_many, keyspace
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 
@@ -79,8 +79,9 @@ def test_a_lost_decision_is_undone_and_the_next_dispatch_creates(
             "the lost decision to be undone",
         )
         undone_after = time.monotonic() - answered
-        # It stays undone: the late request, if any, can no longer land.
-        time.sleep(1.0)
+        # It stays undone: the undo is over (it cut off the connection that carried the
+        # lost request first), so the late request, if any, can no longer land.
+        assert cleanup.flush(UNDONE_WITHIN_S)
         assert store.get(storage_key(spec, key)) is None
         again = task.apply_async(unique_key=key, unique_while="active")
         assert again.disposition is Disposition.CREATED

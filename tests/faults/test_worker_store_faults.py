@@ -154,7 +154,7 @@ def test_a_copy_delivered_while_the_store_is_silent_waits_for_it(
 ) -> None:
     """A finished job's message comes again while a new job runs and the store is silent."""
     working, producing = worker_spec(make_spec, proxy, lease_s=LONG_LEASE_S)
-    start_worker(working)
+    worker = start_worker(working)
     with one_key(producing, "copied") as job:
         first = job.dispatch()
         eventually(lambda: job.holder() is None and first.id in finished(marks, producing))
@@ -169,7 +169,10 @@ def test_a_copy_delivered_while_the_store_is_silent_waits_for_it(
         copy = {"v": 1, "a": job.storage_key, "s": "active"}
         with producer(producing, plain=True) as plain:
             task_of(plain).apply_async(task_id=first.id, headers={KEY_HEADER: copy})
-        time.sleep(3.0)
+        # The copy reached a pool child, which could not mark the key and sent it again.
+        eventually(
+            lambda: f"job {first.id} is sent again" in worker.log(), 20, "the copy to be deferred"
+        )
         ran = [job_id for job_id, *_ in starts(marks, producing)]
         assert ran == [first.id, second.id], "the copy ran unmarked beside the job holding its key"
         proxy.refuse(False)

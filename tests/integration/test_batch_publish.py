@@ -84,6 +84,49 @@ def test_a_batch_that_fails_part_way_publishes_nothing_and_holds_nothing(
     assert [sum(broker.llen(lst) for lst in queue_lists(name)) for name in names] == [5, 5]
 
 
+def test_a_batch_that_fails_part_way_on_rabbitmq_holds_only_the_keys_of_jobs_sent(
+    redis_url: str, rabbitmq_url: str
+) -> None:
+    """RabbitMQ takes a batch's messages one by one: when item 3 of 4 cannot be encoded,
+    items 1 and 2 are out and keep their keys, and items 3 and 4 hold none."""
+    app = redis_publisher("batchrabbit", redis_url, broker_url=rabbitmq_url)
+
+    @app.task(base=UniqueTask, shared=False, name="batchrabbit.job", unique_key=lambda j: j.key)
+    def job(key: str, payload: Any = None) -> None:
+        return None
+
+    (queue,) = app.conf.task_queues
+    try:
+        items = [job.s("k0"), job.s("k1"), job.s("k2", payload=object()), job.s("k3")]
+        with pytest.raises(EncodeError):
+            dispatch_many(items)
+        sent = _take_job_ids(app, queue)
+        rt = unique_config.runtime(app)
+        held = [
+            rt.store.get(storage_key(rt.namespace, ACTIVE, job.name, f"k{n}")) for n in range(4)
+        ]
+        assert len(sent) == 2, "the items before the one that failed are published"
+        assert [h and h.job_id for h in held] == [*sent, None, None]
+    finally:
+        with app.connection_for_write() as connection:
+            queue(connection.default_channel).delete()
+        unique_config.reset(app)
+        app.close()
+
+
+def _take_job_ids(app: Celery, queue: Queue) -> list[str]:
+    """The ids of the jobs waiting in ``queue``, oldest first (taken off it)."""
+    ids: list[str] = []
+    with app.connection_for_read() as connection, connection.SimpleQueue(queue) as waiting:
+        while True:
+            try:
+                message = waiting.get(timeout=1.0)
+            except waiting.Empty:
+                return ids
+            ids.append(message.headers["id"])
+            message.ack()
+
+
 @dataclass
 class Declaring:
     """An app whose two queues are bound to a topic exchange, and the queues it declared."""

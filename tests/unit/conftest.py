@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import gevent
 import pytest
 from celery import Celery, signals
 
@@ -42,3 +43,48 @@ def published() -> Iterator[list[dict[str, Any]]]:
     signals.before_task_publish.connect(record, weak=False)
     yield sent
     signals.before_task_publish.disconnect(record)
+
+
+@pytest.fixture(
+    params=[KeyboardInterrupt, gevent.Timeout], ids=["KeyboardInterrupt", "gevent.Timeout"]
+)
+def interruption(request: pytest.FixtureRequest) -> type[BaseException]:
+    """What stops a publish without being an ``Exception``: a Ctrl-C, gevent's ``Timeout``."""
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def interrupt_publish(
+    interruption: type[BaseException],
+) -> Iterator[Callable[[int], list[str]]]:
+    """``interrupt_publish(n)``: the test's ``n``-th publish is interrupted, just before its
+    message leaves. Returns the ids of the jobs whose publish was attempted, in order."""
+    attempted: list[str] = []
+    at: list[int] = []
+
+    def interrupt(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        attempted.append((headers or {}).get("id", ""))
+        if len(attempted) in at:
+            raise interruption()
+
+    def arm(nth: int) -> list[str]:
+        at.append(nth)
+        return attempted
+
+    signals.before_task_publish.connect(interrupt, weak=False)
+    yield arm
+    signals.before_task_publish.disconnect(interrupt)
+
+
+def queued_job_ids(app: Celery, queue: str = "celery") -> set[str]:
+    """The ids of the jobs waiting in ``queue`` of the in-memory broker (taken off it)."""
+    ids: set[str] = set()
+    with app.connection_for_read() as connection:
+        waiting = connection.SimpleQueue(queue)
+        while True:
+            try:
+                message = waiting.get_nowait()
+            except waiting.Empty:
+                return ids
+            ids.add(message.headers["id"])
+            message.ack()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,7 +17,9 @@ from celery_unique import (
     UnsupportedCombination,
     dispatch_many,
 )
+from celery_unique.config import runtime
 from celery_unique.testing import held_keys
+from tests.unit.conftest import queued_job_ids
 
 
 @pytest.fixture
@@ -127,6 +130,24 @@ def test_failed_batch_publish_rolls_every_key_back(app: Celery, job: Any) -> Non
         dispatch_many([job.s(1).set(retry=False), job.s(2).set(retry=False)])
     assert not isinstance(caught.value, UniquenessConflict)
     assert held_keys(app) == []
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+def test_a_batch_publish_interrupted_holds_only_the_keys_of_jobs_sent(
+    app: Celery,
+    job: Any,
+    interruption: type[BaseException],
+    interrupt_publish: Callable[[int], list[str]],
+    nth: int,
+) -> None:
+    """A Ctrl-C or gevent's ``Timeout`` stopping the batch at any item: a key stays held
+    only for a job whose message reached the broker."""
+    attempted = interrupt_publish(nth)
+    with pytest.raises(interruption):
+        dispatch_many([job.s(1), job.s(2), job.s(3)])
+    assert len(attempted) == nth
+    sent = queued_job_ids(app) & set(attempted)
+    assert {held.job_id for held in runtime(app).store.scan()} == sent
 
 
 def test_batch_fails_open_with_one_warning_per_outage(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from celery_unique import (
 )
 from celery_unique.config import runtime
 from celery_unique.headers import HEADER
+from tests.unit.conftest import queued_job_ids
 
 
 def store_keys(app: Celery) -> list[str]:
@@ -270,6 +273,66 @@ def test_failed_publish_rolls_the_key_back(app: Celery) -> None:
         job.apply_async(retry=False)
     assert not isinstance(caught.value, BackendUnavailable)
     assert store_keys(app) == []
+
+
+@pytest.mark.parametrize(
+    ("first", "retried"),
+    [({}, {"countdown": 0}), ({"countdown": 0}, {}), ("now", "now")],
+    ids=["no-countdown-then-zero", "zero-then-no-countdown", "same-eta-now"],
+)
+def test_a_client_retry_starting_now_again_is_the_same_request(
+    app: Celery, published: list[Any], first: Any, retried: Any
+) -> None:
+    """A client that retries a dispatch, spelling "start now" another way or passing the
+    same ``eta`` again once it has passed, gets its first job back, not a conflict."""
+    now = datetime.now(timezone.utc)
+    first, retried = ({"eta": now} if o == "now" else o for o in (first, retried))
+
+    @app.task(shared=False, base=UniqueTask, unique_window_key="order-1", unique_window=60)
+    def charge(amount: int) -> None:
+        return None
+
+    job = charge.apply_async((10,), **first)
+    again = charge.apply_async((10,), **retried)
+    assert (again.id, again.disposition, again.duplicate_match) == (
+        job.id,
+        Disposition.REUSED,
+        DuplicateMatch.WINDOW,
+    )
+    assert len(published) == 1
+
+
+@pytest.mark.parametrize("way", ["apply_async", "signature", "send_task", "held_recently"])
+def test_a_publish_interrupted_by_a_base_exception_frees_the_key(
+    app: Celery,
+    interruption: type[BaseException],
+    interrupt_publish: Callable[[int], list[str]],
+    way: str,
+) -> None:
+    """A Ctrl-C or gevent's ``Timeout`` stopping the publish, on every way a job leaves,
+    frees the key: the job was never sent, the next dispatch creates one."""
+
+    @app.task(shared=False, base=UniqueTask, unique_key="k")
+    def job() -> None:
+        return None
+
+    nth = 1
+    if way == "held_recently":
+        # A key this process saw held is asked for before the message is built.
+        first = job.delay()
+        runtime(app).store.delete(store_keys(app)[0])
+        nth = 2
+    attempted = interrupt_publish(nth)
+    send = {"signature": job.s().delay, "send_task": lambda: app.send_task(job.name)}
+    with pytest.raises(interruption):
+        send.get(way, job.delay)()
+    assert len(attempted) == nth
+    assert store_keys(app) == []
+    assert attempted[-1] not in queued_job_ids(app)
+    again = job.delay()
+    assert again.disposition is Disposition.CREATED
+    if way == "held_recently":
+        assert again.id != first.id
 
 
 def test_unreachable_store_fails_closed(app: Celery, published: list[Any]) -> None:

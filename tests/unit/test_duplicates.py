@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu.serialization import dumps
 
 from celery_unique import (
     Disposition,
@@ -98,6 +99,21 @@ def test_arguments_larger_than_the_bound_are_refused_before_the_store(
         job.delay(customer=1, note="x" * 200)
     assert list(runtime(app).store.scan()) == []
     assert published == []
+
+
+def test_arguments_exactly_at_the_bound_are_kept_and_one_byte_more_refused(
+    app: Celery, published: list[dict[str, Any]]
+) -> None:
+    """``unique_latest_max_bytes`` is the most a key keeps: that many bytes are allowed."""
+    arguments = {"customer": 1, "note": "x" * 50}
+    size = len(dumps([[], arguments], serializer="json")[2].encode())
+    at_the_bound = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=size)
+    assert at_the_bound.delay(**arguments).disposition is Disposition.CREATED
+    below = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=size - 1)
+    with pytest.raises(InvalidPayload, match=f"{size:,} bytes, more than"):
+        below.delay(**arguments)
+    assert [held.task for held in runtime(app).store.scan()] == [at_the_bound.name]
+    assert len(published) == 1
 
 
 def test_receipts_say_what_a_duplicate_did(app: Celery) -> None:

@@ -6,20 +6,23 @@ the real worker paths are in ``tests/paths`` and ``tests/history``.
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from billiard.einfo import ExceptionInfo  # type: ignore[attr-defined]
+from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery import Celery
 from celery.exceptions import Ignore, Reject, Retry
 
-from celery_unique import cleanup
+from celery_unique import cleanup, resend
 from celery_unique.config import runtime
 from celery_unique.duplicates import encode_arguments
-from celery_unique.headers import VERSION, KeyHeader
+from celery_unique.headers import HEADER, VERSION, KeyHeader
 from celery_unique.keyspace import ACTIVE, storage_key
 from celery_unique.stores.base import (
     HANDING_OVER,
@@ -33,7 +36,7 @@ from celery_unique.stores.base import (
     Store,
     Verdict,
 )
-from celery_unique.worker import fates
+from celery_unique.worker import fates, runs
 from celery_unique.worker.fates import Fate, Settled, _exception, _outside_body
 from tests.polling import eventually
 
@@ -81,8 +84,23 @@ def test_a_copy_dropped_unrun_after_an_acknowledgement_that_failed_frees_the_key
         cleanup.discard(store)  # the first release, which waits for an ack that never came
 
 
+def release_answers(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What ``store`` answers each release of a key sent to it from now on, in order
+    (the other writes that travel as releases, marks of runs, are left out)."""
+    answers: list[bool] = []
+    release_many = store.release_many
+
+    def answering(releases: Any) -> list[bool]:
+        answered = release_many(releases)
+        answers.extend(a for r, a in zip(releases, answered, strict=True) if r.keep_ms == 0)
+        return answered
+
+    monkeypatch.setattr(store, "release_many", answering)
+    return answers
+
+
 def test_a_copy_dropped_unrun_while_a_lost_run_is_vouched_for_frees_the_key_after(
-    app: Celery,
+    app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The worker that ran run 1 lost track of it (its broker connection broke while its
     pool ran the job), so run 1's release never comes. A copy of the message, revoked
@@ -93,10 +111,12 @@ def test_a_copy_dropped_unrun_while_a_lost_run_is_vouched_for_frees_the_key_afte
     lost = RunStart(uuid.uuid4().hex, Scope.ACTIVE, "fates.task", 60_000, alive_ms=800)
     assert store.begin_run(job, key, lost).holder is None
 
+    answers = release_answers(store, monkeypatch)
     copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
     copy.message_settled(Settled.FORGOTTEN)  # revoked: acknowledged without running
-    time.sleep(0.4)
-    assert store.get(key) is not None  # run 1 is vouched for: the key is its job's
+    eventually(lambda: answers, 5, "the copy's release to reach the store")
+    assert answers[0] is False  # run 1 is vouched for: the key is its job's
+    assert store.get(key) is not None
     eventually(lambda: store.get(key) is None, 5, "the key to be freed")
 
 
@@ -196,9 +216,10 @@ def test_a_release_after_an_unconfirmed_acknowledgement_leaves_a_copy_running(
     assert cleanup.flush(5)  # the start's mark, sent in the background, lands first
     fate.run_ended(pid=None, cut_short=False, continued=False)
     fate.message_settled(Settled.FORGOTTEN)
+    answers = release_answers(store, monkeypatch)
     copy = started_run(store, job, key)
-    time.sleep(0.6)
-    assert cleanup.flush(5)
+    assert cleanup.flush(5)  # the release, owed until the wait for the ack is over, was sent
+    assert answers == [False]  # and it left the copy's key alone
     record = store.get(key)
     assert record is not None
     assert (record.job_id, record.run) == (job, copy)
@@ -245,3 +266,85 @@ def test_a_run_owed_to_duplicates_is_passed_on_before_the_acknowledgement_is_con
         assert held.job_id == owed
     finally:
         cleanup.discard(store)  # the release, which waits for an ack that never comes
+
+
+class _CeleryRequest:
+    """What :class:`FateMixin` reads of Celery's request, and the callbacks it extends."""
+
+    def __init__(self, app: Celery, job: str, header: KeyHeader, worker_pid: int) -> None:
+        self._request_dict = {HEADER: header}
+        self.task = SimpleNamespace(app=app)
+        self.id = job
+        self._message = Message("ACK")
+        self.worker_pid = worker_pid
+        #: Whether Celery's on_failure ran where a send of the job is the job going on.
+        self.resending: list[bool] = []
+
+    def on_accepted(self, pid: Any, time_accepted: float) -> None:
+        pass
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        self.resending.append(resend._resending.get() is not None)
+
+
+class _Request(fates.FateMixin, _CeleryRequest):
+    pass
+
+
+def _gone_pid() -> int:
+    """The pid of a process that has exited (a pool child the pool lost, say)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+KEPT, FREED = "kept", "freed"
+
+
+@pytest.mark.parametrize(
+    ("exc", "internal", "continued", "stale", "handing_over", "cut_short", "resending", "key"),
+    [
+        (ValueError("the body failed"), False, False, False, False, False, False, FREED),
+        (Retry(), True, True, False, False, False, False, KEPT),
+        (fates.Replaced(), True, True, False, True, False, False, KEPT),
+        (runs.Deferred(), True, True, False, False, False, False, KEPT),
+        (runs.Stale(), True, False, True, False, False, False, KEPT),
+        (RuntimeError("after the body"), True, False, False, True, False, False, FREED),
+        (TimeLimitExceeded(1.0), False, False, False, True, True, False, FREED),
+        (Terminated(9), False, False, False, True, True, False, FREED),
+        (WorkerLostError("lost"), False, False, False, True, True, True, FREED),
+        (SystemExit(1), False, False, False, True, True, True, FREED),
+        (KeyboardInterrupt(), False, False, False, True, True, True, FREED),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else None,
+)
+def test_how_a_run_ended_decides_its_fate(
+    app: Celery,
+    exc: BaseException,
+    internal: bool,
+    continued: bool,
+    stale: bool,
+    handing_over: bool,
+    cut_short: bool,
+    resending: bool,
+    key: str,
+) -> None:
+    """The exception the pool reports a run's end with is what the fate is told: the job
+    goes on (retry, replacement, deferral), is a stale copy, may have handed its key
+    over, was cut short (the release waits for its pool child), may be retried by this
+    process; and so whether the key is kept or freed."""
+    store, job, stored, header = created(app, f"ended-{type(exc).__name__}")
+    child = _gone_pid()
+    request = _Request(app, job, header, worker_pid=child)
+    fate = request._fate
+    assert fate is not None
+    request.on_accepted(child, time.time())
+    fate.message_settled(Settled.FORGOTTEN)  # acknowledged early, as Celery does by default
+    request.on_failure(_reported(exc, internal=internal))
+    assert (fate.continued, fate.stale, fate.handing_over) == (continued, stale, handing_over)
+    assert fate.pool_child == (child if cut_short else None)
+    assert request.resending == [resending]
+    assert cleanup.flush(5)
+    assert (KEPT if store.get(stored) else FREED) == key

@@ -65,3 +65,21 @@ def test_headers_and_callbacks_are_part_of_the_request() -> None:
     assert fingerprint(link={"task": "notify"}) != plain
     assert fingerprint(link_error={"task": "notify"}) != plain
     assert fingerprint(link={"task": "notify"}) != fingerprint(link_error={"task": "notify"})
+
+
+def started(**start: Any) -> str:
+    return request_fingerprint(
+        task_name="t",
+        payload={"a": 1},
+        options=start,
+        keys={"window": "w"},
+        headers=None,
+        link=None,
+        link_error=None,
+    )
+
+
+def test_no_countdown_and_countdown_zero_are_the_same_request() -> None:
+    """Both start the job now; a later start is another request."""
+    assert started() == started(countdown=0) == started(countdown=None)
+    assert started(countdown=5) != started()

@@ -8,22 +8,23 @@ RabbitMQ. The store is always Redis db 9 (``redis_url``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
 from celery import Celery
 
+from celery_unique import cleanup, keyspace
 from celery_unique import config as unique_config
-from celery_unique import keyspace
 from celery_unique.stores.base import HeldKey
 from celery_unique.stores.redis import RedisStore
+from celery_unique.worker import fates
 from tests.conftest import redis_celery_config
 from tests.polling import eventually
 
 NAMESPACE = "it"
 
-__all__ = ["NAMESPACE", "active_key", "eventually", "holder"]
+__all__ = ["NAMESPACE", "active_key", "eventually", "holder", "settled"]
 
 
 @pytest.fixture(params=["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
@@ -93,3 +94,25 @@ def active_key(task_name: str, key: str) -> str:
 
 def holder(store: RedisStore, key: str) -> HeldKey | None:
     return store.get(key)
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], None]:
+    """``settled(job_id)`` waits until this process's worker decided what the end of a
+    delivery of the job means for its keys, and sent every write that decision owed:
+    whatever that delivery's end could do to the store is done."""
+    decided: set[str] = set()
+    check = fates.Fate.check
+
+    def noting(fate: fates.Fate) -> None:
+        check(fate)
+        if fate.decided:
+            decided.add(fate.job_id)
+
+    monkeypatch.setattr(fates.Fate, "check", noting)
+
+    def wait(job_id: str) -> None:
+        eventually(lambda: job_id in decided, what=f"the end of job {job_id} to be decided")
+        assert cleanup.flush(10), "the worker still owes writes"
+
+    return wait

@@ -8,6 +8,7 @@ wait or run.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from celery import Celery, signals
 from celery.exceptions import MaxRetriesExceededError, Reject
 from celery.worker import WorkController
 
-from celery_unique import Disposition, DuplicateMatch, UniqueTask
+from celery_unique import Disposition, DuplicateMatch, UniqueTask, cleanup
 from celery_unique.publishing import install_gate
 from celery_unique.stores.redis import RedisStore
 from celery_unique.worker.step import follow_fates
@@ -26,6 +27,8 @@ from .conftest import active_key, eventually
 
 SCOPES = ["queued", "active", "exists"]
 RETENTION_S = 30
+#: Long enough to look at the key between a retried attempt and the next one.
+RETRY_IN_S = 3.0
 
 
 def define_hold(app: Celery, scope: str, redis_url: str, **options: Any) -> Any:
@@ -41,7 +44,7 @@ def define_hold(app: Celery, scope: str, redis_url: str, **options: Any) -> Any:
         unique_retention=RETENTION_S,
         **options,
     )
-    def hold(self: Any, tag: str, outcome: str = "ok") -> str:
+    def hold(self: Any, tag: str, outcome: str = "ok", retry_in: float = 0.1) -> str:
         attempt = self.request.retries
         gates.incr(f"started:{tag}")
         gates.set(f"running:{tag}:{attempt}", 1)
@@ -49,7 +52,7 @@ def define_hold(app: Celery, scope: str, redis_url: str, **options: Any) -> Any:
         while not gates.exists(f"go:{tag}:{attempt}") and time.monotonic() < deadline:
             time.sleep(0.02)
         if outcome == "retry":
-            raise self.retry(countdown=0.1, max_retries=1)
+            raise self.retry(countdown=retry_in, max_retries=1)
         if outcome == "reject":
             raise Reject("rejected by the test", requeue=False)
         if outcome == "fail":
@@ -132,21 +135,43 @@ def test_retry_keeps_or_leaves_the_key_and_final_failure_releases(
     redis_client: Any,
     redis_url: str,
 ) -> None:
-    """During a retry active/exists keys stay held and queued keys stay free; failure releases."""
+    """Between attempts active/exists keys stay held and queued keys stay free; failure releases.
+
+    The key is looked at once the first attempt's end reached the store, while the
+    retry still waits for its countdown: the retry's own run would mark the key
+    again, and hide a release at the first attempt's end.
+    """
     hold = define_hold(celery_app, scope, redis_url)
     celery_worker.reload()
     key = active_key(hold.name, "tag:r1")
 
-    job = hold.delay("r1", outcome="retry")
+    # Only a held key has something to lose between attempts.
+    retry_in = 0.1 if scope == "queued" else RETRY_IN_S
+    job = hold.delay("r1", outcome="retry", retry_in=retry_in)
     eventually(lambda: started(redis_client, "r1"), what="the first attempt")
-    go(redis_client, "r1", 0)
-    eventually(lambda: started(redis_client, "r1", 1), what="the retry to run")
     if scope == "queued":
+        eventually(lambda: store.get(key) is None, what="release at start")
+    else:
+        eventually(lambda: (h := store.get(key)) and h.run, what="the first attempt's mark")
+    go(redis_client, "r1", 0)
+    if scope == "queued":
+        eventually(lambda: started(redis_client, "r1", 1), what="the retry to run")
         assert store.get(key) is None
         assert hold.delay("r1").disposition is Disposition.CREATED
     else:
+        # The first attempt's end is in the store (no run marks the key, not even the
+        # hand-over mark its retry's send leaves), and every write the worker (in
+        # this process) owed for it was sent.
+        eventually(
+            lambda: (h := store.get(key)) is None or h.run is None,
+            what="the end of the first attempt's run",
+        )
+        assert cleanup.flush(RETRY_IN_S)
+        assert not started(redis_client, "r1", 1), "the retry ran before the key was looked at"
         expect_held_by(store, key, job.id)
+        assert not store.get(key).finished  # type: ignore[union-attr]
         assert hold.delay("r1").id == job.id
+    eventually(lambda: started(redis_client, "r1", 1), what="the retry to run")
     go(redis_client, "r1", 1)
     with pytest.raises(MaxRetriesExceededError):
         job.get(timeout=15)
@@ -267,6 +292,7 @@ def test_an_error_after_the_replacement_left_keeps_the_key_for_it(
     redis_client: Any,
     redis_url: str,
     monkeypatch: pytest.MonkeyPatch,
+    settled: Callable[[str], None],
 ) -> None:
     """A soft time limit striking as replace()'s send returns: the replacement carries the job."""
     gates = redis.Redis.from_url(redis_url)
@@ -307,7 +333,7 @@ def test_an_error_after_the_replacement_left_keeps_the_key_for_it(
     key = active_key(replaced.name, "tag:r1")
 
     first = replaced.delay("r1")
-    time.sleep(0.8)
+    settled(first.id)  # the replaced run's end, and whatever it owes the store
     assert not gates.exists("running:r1:replacement")
     again = replaced.delay("r1")
     assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
