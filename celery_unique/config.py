@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 from celery import Celery
 
+from celery_unique import signing
 from celery_unique.booleans import parse_bool
 from celery_unique.durations import parse_duration_ms
 from celery_unique.eager import EagerRuns
@@ -39,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "unique_strict_checks": False,
     "unique_colocated": "auto",
     "unique_key_spread": "namespace",
+    "unique_signing_key": None,
 }
 
 _lock = threading.Lock()
@@ -78,6 +80,10 @@ class Runtime:
             for value in [getattr(self, each.name)]
         )
         return f"{type(self).__name__}({', '.join(shown)})"
+
+    #: The HMAC key of the arguments ``latest``/``debounce`` keys keep
+    #: (:mod:`~celery_unique.signing`).
+    signing_key: bytes = field(default=b"", repr=False)
 
     @property
     def store(self) -> Store:
@@ -143,16 +149,34 @@ def _build(app: Celery) -> Runtime:
         raise ImproperlyConfigured(
             f'unique_key_spread must be "namespace" or "key", not {spread!r}'
         )
+    namespace = own_namespace(app)
     return Runtime(
         backend_url=_backend_url(app),
-        namespace=validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery")),
+        namespace=namespace,
         fail_open=flag(app, "unique_fail_open"),
         lease_ms=lease_ms or None,
         # Celery reads a result_expires of 0 or None as "never expire".
         default_retention_ms=retention_ms or None,
         spread_keys=spread == "key",
         colocated=colocated,
+        signing_key=_signing_key(app, namespace),
     )
+
+
+def own_namespace(app: Celery) -> str:
+    """The namespace of every key of ``app`` (``unique_namespace``, else the app's name)."""
+    return validate_namespace(str(setting(app, "unique_namespace") or app.main or "celery"))
+
+
+def _signing_key(app: Celery, namespace: str) -> bytes:
+    secret = setting(app, "unique_signing_key")
+    if secret is not None and (not isinstance(secret, str | bytes) or not secret):
+        # Never the value itself: it is a secret, and this message reaches logs.
+        given = "an empty one" if isinstance(secret, str | bytes) else type(secret).__name__
+        raise ImproperlyConfigured(
+            f"unique_signing_key must be a non-empty string or bytes, not {given}"
+        )
+    return signing.signing_key(app, namespace)
 
 
 def configured_backend_url(app: Celery) -> str | None:

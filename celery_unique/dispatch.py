@@ -222,7 +222,14 @@ def plan(
     if active is not None:
         stored_arguments = None
         if duplicates.follows:
-            stored_arguments = encode_arguments(task, args, kwargs, duplicates.latest_max_bytes)
+            stored_arguments = encode_arguments(
+                task,
+                args,
+                kwargs,
+                duplicates.latest_max_bytes,
+                storage_key=active[0],
+                signing_key=rt.signing_key,
+            )
             header["p"] = duplicates.on_duplicate.code
         debounce = duplicates.debounce_ms
         if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:

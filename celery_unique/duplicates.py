@@ -14,7 +14,9 @@
   (:mod:`celery_unique.worker.follow_up`).
 
 The store sees the arguments as an opaque string: the task's own serializer's
-bytes, base64-encoded (no separator a store uses can appear in it).
+bytes, base64-encoded (no separator a store uses can appear in it), signed for
+the key that keeps them (:mod:`celery_unique.signing`). The worker decodes them
+only with the task's own serializer, and only when the signature holds.
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import EncodeError
-from kombu.serialization import dumps, loads, prepare_accept_content
+from kombu.serialization import dumps, loads
+from kombu.serialization import registry as serializers  # type: ignore[attr-defined]
 
+from celery_unique import signing
 from celery_unique.durations import parse_window
 from celery_unique.exceptions import InvalidDeclaration, InvalidPayload, InvalidWindow
 from celery_unique.stores.base import OnDuplicate, Scope
 
 if TYPE_CHECKING:
-    from celery import Celery, Task
+    from celery import Task
 
 #: ``unique_latest_max_bytes`` unless declared: the largest arguments a key stores.
 DEFAULT_LATEST_MAX_BYTES = 64 * 1024
@@ -120,8 +124,17 @@ def parse_policy(
     return DuplicatePolicy(on_duplicate, debounce_ms, debounce_max_ms, latest_max_bytes)
 
 
-def encode_arguments(task: Task[Any, Any], args: Any, kwargs: Any, max_bytes: int) -> str:
-    """``(args, kwargs)`` as the store keeps them; :class:`InvalidPayload` if too large."""
+def encode_arguments(
+    task: Task[Any, Any],
+    args: Any,
+    kwargs: Any,
+    max_bytes: int,
+    *,
+    storage_key: str,
+    signing_key: bytes,
+) -> str:
+    """``(args, kwargs)`` as the store keeps them under ``storage_key``, signed;
+    :class:`InvalidPayload` if too large."""
     try:
         content_type, encoding, body = dumps(
             [list(args or ()), dict(kwargs or {})], serializer=task.serializer
@@ -134,12 +147,35 @@ def encode_arguments(task: Task[Any, Any], args: Any, kwargs: Any, max_bytes: in
             f"the arguments of {task.name} are {len(raw):,} bytes, more than "
             f"unique_latest_max_bytes ({max_bytes:,}) allows a key to keep"
         )
-    return f"{content_type}|{encoding}|{base64.b64encode(raw).decode('ascii')}"
+    encoded = f"{content_type}|{encoding}|{base64.b64encode(raw).decode('ascii')}"
+    return signing.sign(signing_key, storage_key, encoded)
 
 
-def decode_arguments(app: Celery, stored: str) -> tuple[list[Any], dict[str, Any]]:
-    """The ``(args, kwargs)`` :func:`encode_arguments` stored, read as the worker reads messages."""
-    content_type, encoding, body = stored.split("|", 2)
-    accept = prepare_accept_content(app.conf.accept_content)
-    args, kwargs = loads(base64.b64decode(body), content_type, encoding, accept=accept)
+class RefusedArguments(Exception):
+    """Stored arguments that must not be run: unsigned, forged, moved from another key,
+    or not in the task's own serializer's format. The message says which."""
+
+
+def decode_arguments(
+    task: Task[Any, Any], storage_key: str, stored: str, signing_key: bytes
+) -> tuple[list[Any], dict[str, Any]]:
+    """The ``(args, kwargs)`` :func:`encode_arguments` stored for ``task`` under
+    ``storage_key``; :class:`RefusedArguments` unless the signature holds and they are in
+    the task's own serializer's format (the store never chooses a decoder)."""
+    encoded = signing.verified(signing_key, storage_key, stored)
+    if encoded is None:
+        raise RefusedArguments(
+            "their signature does not match (written without the app's unique_signing_key, "
+            "changed in the store, or moved from another key)"
+        )
+    content_type, encoding, body = encoded.split("|", 2)
+    own = serializers.name_to_type.get(task.serializer, task.serializer)
+    if content_type != own:
+        raise RefusedArguments(
+            f"they are {content_type!r}, not the task's own serializer's {own!r}"
+        )
+    try:
+        args, kwargs = loads(base64.b64decode(body), content_type, encoding, accept=[own])
+    except Exception as exc:
+        raise RefusedArguments(f"they cannot be decoded: {exc!r}") from exc
     return list(args), dict(kwargs)

@@ -2,11 +2,23 @@
 
 Keys are computed once, on the producer; the worker only reads them back.
 One namespaced header, so nothing collides with Celery's own header names.
+A worker acts only on keys of its app's own namespace (:func:`own_header`):
+a message naming any other key in the store (another application's, or
+another namespace's) has that key ignored.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, TypedDict
+
+from celery_unique.config import own_namespace
+from celery_unique.keyspace import namespace_prefixes
+
+logger = logging.getLogger("celery_unique")
+
+#: The header's fields that name a storage key.
+_KEY_FIELDS = ("a", "w")
 
 HEADER = "celery_unique"
 VERSION = 1
@@ -47,3 +59,35 @@ def read_header(source: Any) -> KeyHeader | None:
     if isinstance(value, dict) and value.get("v") == VERSION:
         return value  # type: ignore[return-value]
     return None
+
+
+def own_header(app: Any, source: Any, job_id: object) -> KeyHeader | None:
+    """:func:`read_header`, without any key outside ``app``'s namespace (each logged)."""
+    header = read_header(source)
+    return None if header is None else confined(header, own_namespace(app), job_id)
+
+
+def confined(header: KeyHeader, namespace: str, job_id: object) -> KeyHeader:
+    """``header`` without the keys that lie outside ``namespace``; each one dropped is
+    logged. The same ``header`` when every key is the namespace's."""
+    prefixes = namespace_prefixes(namespace)
+    foreign = [
+        field
+        for field in _KEY_FIELDS
+        if field in header and not _within(header[field], prefixes)  # type: ignore[literal-required]
+    ]
+    if not foreign:
+        return header
+    for field in foreign:
+        logger.warning(
+            "job %s: its message names the key %r, outside this app's namespace %r: the "
+            "key is ignored (only a message not sent by this app's producers names one)",
+            job_id,
+            header[field],  # type: ignore[literal-required]
+            namespace,
+        )
+    return {name: value for name, value in header.items() if name not in foreign}  # type: ignore[return-value]
+
+
+def _within(key: object, prefixes: tuple[str, ...]) -> bool:
+    return isinstance(key, str) and key.startswith(prefixes)

@@ -164,9 +164,9 @@ class UniqueMixin(_MixinBase):
         stop = runs.stop_before_body(self, begun)
         if stop is not None:
             raise stop
-        if begun.arguments is not None:
-            latest, kwargs = runs.latest_arguments(self, begun.arguments)
-            args = tuple(latest)
+        latest = None if begun.arguments is None else runs.latest_arguments(self, begun.arguments)
+        if latest is not None:
+            args, kwargs = tuple(latest[0]), latest[1]
         try:
             if in_worker:
                 # The worker's tracer has already pushed this job's request. Before

@@ -9,6 +9,7 @@ from celery_unique.config import configured_backend_url, setting
 from celery_unique.durations import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
 from celery_unique.masking import masked
+from celery_unique.signing import configured_secret
 from celery_unique.stores import STORES, scheme_of
 from celery_unique.stores.base import Scope
 
@@ -31,6 +32,7 @@ def app_findings(app: Any) -> list[Finding]:
     if _has_unique_tasks(app):
         subject = "broker_transport_options"
         findings += isolated("celery_unique.W028", subject, _no_publisher_confirms, app)
+    findings += isolated("celery_unique.W030", "unique_signing_key", _unsigned_arguments, app)
     marked = _marked_tasks(app)
     if marked:
         findings += isolated("celery_unique.W021", "unique_lease", _lease_shorter, app)
@@ -186,6 +188,32 @@ def _no_publisher_confirms(app: Any) -> list[Finding]:
             "or window ends",
             "set broker_transport_options = {'confirm_publish': True}: a publish the broker "
             "did not take then fails, and its key is rolled back",
+        )
+    ]
+
+
+def _unsigned_arguments(app: Any) -> list[Finding]:
+    """W030: stored arguments signed with a key derived from the namespace alone."""
+    from celery_unique.task import UniqueMixin
+
+    url = configured_backend_url(app)
+    if configured_secret(app) is not None or url is None or scheme_of(url) == "memory":
+        return []  # A memory store lives in the process: nobody else writes it.
+    following = [
+        name
+        for name, task in sorted(app.tasks.items())
+        if isinstance(task, UniqueMixin) and task.__unique__.duplicates.follows
+    ]
+    if not following:
+        return []
+    return [
+        finding(
+            "celery_unique.W030",
+            "unique_signing_key",
+            f"{', '.join(following)} {'follows' if len(following) == 1 else 'follow'} "
+            "duplicates (latest/debounce) but unique_signing_key is not set: the arguments "
+            "a key keeps are signed with a key derived from the namespace, which anyone can "
+            "derive, so whoever can write the store chooses the arguments they run with",
         )
     ]
 

@@ -163,6 +163,15 @@ CATALOGUE = _checks(
         "make sure the store's `maxmemory-policy` is `noeviction` in the server's or "
         "service's settings",
     ),
+    Check(
+        "celery_unique.W030",
+        W,
+        "a task follows its duplicates (`unique_on_duplicate` `latest` or `debounce`) but "
+        "`unique_signing_key` is not set (nor, in Django, derived from `SECRET_KEY`): the "
+        "arguments its key keeps are signed with a key anyone can derive, so whoever can "
+        "write the store can choose the arguments the task runs with",
+        "set `unique_signing_key` to the same secret on every producer and worker of the app",
+    ),
 )
 
 

@@ -119,6 +119,22 @@ def _record(row: Row) -> _records.Record:
     )
 
 
+def _create_private(path: Path) -> None:
+    """Create the store's file readable by its owner alone (it keeps task arguments), unless
+    it exists: an existing file keeps its mode. SQLite gives its ``-wal`` and ``-shm``
+    files the same mode. The directory must exist: a mistyped path is an error, not a
+    tree of new directories."""
+    if path.exists():
+        return
+    if not path.parent.is_dir():
+        raise ImproperlyConfigured(
+            f"the SQLite store's directory {str(path.parent)!r} does not exist: create it, "
+            "or correct unique_backend"
+        )
+    with suppress(FileExistsError):  # Another process created it first.
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 class SQLiteStore(_records.RecordStore):
     """Keys in a SQLite database file (``sqlite:///relative.db``, ``sqlite:////abs/path.db``)."""
 
@@ -148,8 +164,7 @@ class SQLiteStore(_records.RecordStore):
         # A connection must never cross a fork: reopen in each process.
         if self._conn is None or self._pid != os.getpid():
             try:
-                if self.path.parent != Path():
-                    self.path.parent.mkdir(parents=True, exist_ok=True)
+                _create_private(self.path)
                 conn = sqlite3.connect(
                     self.path,
                     timeout=self._timeout_s,

@@ -16,7 +16,7 @@ from celery import Celery, signals
 from celery_unique import cleanup
 from celery_unique.config import runtime
 from celery_unique.dispatch import release_at
-from celery_unique.headers import read_header
+from celery_unique.headers import own_header
 from celery_unique.signals import ReleaseReason, emit_released
 
 
@@ -29,10 +29,12 @@ def _app_of(*sources: Any) -> Celery | None:
 
 
 def _on_message_dropped(sender: Any = None, message: Any = None, **_: Any) -> None:
-    header = read_header(message)
     app = _app_of(sender)
     job_id = (getattr(message, "headers", None) or {}).get("id")
-    if header is None or app is None or not isinstance(job_id, str):
+    if app is None or not isinstance(job_id, str):
+        return
+    header = own_header(app, message, job_id)
+    if header is None:
         return
     hold = release_at(job_id, header, finished=True)
     if hold is None:

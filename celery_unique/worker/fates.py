@@ -59,9 +59,9 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 
 from celery_unique import cleanup, resend
-from celery_unique.config import runtime
+from celery_unique.config import own_namespace, runtime
 from celery_unique.dispatch import release_at
-from celery_unique.headers import HEADER, VERSION, KeyHeader
+from celery_unique.headers import HEADER, VERSION, KeyHeader, confined
 from celery_unique.signals import ReleaseReason, emit_released
 from celery_unique.stores.base import GOES_ON, HAND_OVER_UNDONE, RUNNING, Release
 from celery_unique.worker import alive, follow_up, runs
@@ -105,12 +105,22 @@ class Fate:
         "running",
         "settled",
         "stale",
+        "task",
     )
 
     def __init__(
-        self, app: Any, job_id: str, header: KeyHeader, message: Any, run: str | None = None
+        self,
+        app: Any,
+        job_id: str,
+        header: KeyHeader,
+        message: Any,
+        run: str | None = None,
+        *,
+        task: str | None = None,
     ) -> None:
         self.app, self.job_id, self.header, self.message = app, job_id, header, message
+        #: The name of the task the message runs.
+        self.task = task
         #: This delivery's run id (see :mod:`celery_unique.worker.runs`).
         self.run = run
         #: The pool took the job: its run may have marked the key.
@@ -270,7 +280,7 @@ class Fate:
             # waiting for kombu to confirm the acknowledgement: should the message come
             # back, its copy finds the key another job's and does not run, while a
             # worker that died waiting would have lost the run owed.
-            passes_on = follow_up.passer(app, job_id, self.header, hold.run, message)
+            passes_on = follow_up.passer(app, job_id, self.header, hold.run, message, self.task)
         cleanup.release(
             rt.store,
             hold,
@@ -364,11 +374,19 @@ def _outside_body(exc_info: Any, exc: BaseException | None) -> bool:
     )
 
 
-def _header(request_dict: dict[str, Any]) -> KeyHeader | None:
+def _header(app: Any, request_dict: dict[str, Any], job_id: object) -> KeyHeader | None:
+    """The message's key header if it names an active key of ``app``'s namespace.
+
+    A key outside the namespace is dropped from the request itself, so that
+    nothing later in this worker (the pool's run, lease renewals) acts on it.
+    """
     value = request_dict.get(HEADER)
-    if isinstance(value, dict) and value.get("v") == VERSION and value.get("a"):
-        return value  # type: ignore[return-value]
-    return None
+    if not (isinstance(value, dict) and value.get("v") == VERSION):
+        return None
+    header = confined(value, own_namespace(app), job_id)  # type: ignore[arg-type]
+    if header is not value:
+        request_dict[HEADER] = header
+    return header if header.get("a") else None
 
 
 def _exception(exc_info: Any) -> BaseException | None:
@@ -395,12 +413,14 @@ class FateMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         request: Any = self
-        header = _header(request._request_dict)
+        header = _header(request.task.app, request._request_dict, request.id)
         if header is None:
             self._fate = None
         else:
             run = runs.assign(request._request_dict, header)
-            self._fate = Fate(request.task.app, request.id, header, request._message, run)
+            self._fate = Fate(
+                request.task.app, request.id, header, request._message, run, task=request.name
+            )
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         if self._fate is not None:

@@ -6,7 +6,10 @@ good, the worker's main process, which frees the key, first asks the store to
 hand the key to that run (:meth:`~celery_unique.stores.base.Store.pass_on`: one
 atomic step, so however many duplicates came, one run is owed and one takes
 the key) and publishes it, with the latest arguments, to the queue the job
-came from. Only then is the job's own release sent: it finds the key moved on
+came from. The run is always the ended job's own task, never one the store
+names, and its arguments run only if their signature holds
+(:mod:`celery_unique.signing`): a run whose record fails the check is logged,
+not published, and its key freed. Only then is the job's own release sent: it finds the key moved on
 and leaves it. The first step does not wait, as the release does, for kombu
 to confirm the job's acknowledgement: a copy of the message the broker
 delivers again finds the key the owed run's and does not run.
@@ -25,30 +28,79 @@ from typing import Any
 
 from celery_unique import resend, signals
 from celery_unique.config import runtime
-from celery_unique.duplicates import decode_arguments
+from celery_unique.duplicates import RefusedArguments, decode_arguments
 from celery_unique.headers import KeyHeader
-from celery_unique.stores.base import FollowUp
+from celery_unique.keyspace import split_storage_key
+from celery_unique.stores.base import FollowUp, Release
 
 logger = logging.getLogger("celery_unique")
 
 
 def passer(
-    app: Any, job_id: str, header: KeyHeader, run: str | None, message: Any
+    app: Any, job_id: str, header: KeyHeader, run: str | None, message: Any, task: str | None
 ) -> Callable[[], None]:
-    """What passes the key of ``job_id`` (whose delivery ``run`` ended for good) to its
-    owed run, and publishes that run; raises (to be retried) while either fails."""
+    """What passes the key of ``job_id`` (whose delivery ``run`` of ``task`` ended for
+    good) to its owed run, and publishes that run; raises (to be retried) while either
+    fails."""
 
     def pass_on() -> None:
         rt = runtime(app)
         owed = rt.store.pass_on(job_id, header["a"], run, rt.lease_ms)
-        if owed is not None:
-            _publish(app, job_id, header, owed, message)
+        if owed is None:
+            return
+        follows = _own_task(app, header, task)
+        try:
+            args, kwargs = _arguments(follows, owed, header["a"], rt.signing_key)
+        except RefusedArguments as refused:
+            _refuse(rt, job_id, header["a"], owed, refused)
+            return
+        _publish(follows, job_id, header, owed, (args, kwargs), message)
 
     return pass_on
 
 
-def _publish(app: Any, job_id: str, header: KeyHeader, owed: FollowUp, message: Any) -> None:
-    task = app.tasks[owed.task]
+def _own_task(app: Any, header: KeyHeader, task: str | None) -> Any:
+    """The task the ended job's key belongs to: the one its key is scoped to, else the
+    one its message ran. Never a name read from the store."""
+    name = split_storage_key(header["a"])[2] or task
+    return app.tasks.get(name) if name else None
+
+
+def _arguments(
+    task: Any, owed: FollowUp, key: str, signing_key: bytes
+) -> tuple[list[Any], dict[str, Any]]:
+    if task is None:
+        raise RefusedArguments("the job's own task is not registered in this worker")
+    if owed.task != task.name:
+        # Only a record written elsewhere than by a dispatch names another task.
+        raise RefusedArguments(f"the record names the task {owed.task!r}, not {task.name!r}")
+    return decode_arguments(task, key, owed.arguments, signing_key)
+
+
+def _refuse(rt: Any, job_id: str, key: str, owed: FollowUp, refused: RefusedArguments) -> None:
+    """Log the refused run and free its key, which no job will release otherwise."""
+    logger.error(
+        "job %s ended owing a run to its duplicates; that run (job %s) is refused and not "
+        "published: the arguments its key %r keeps in the store are refused, %s",
+        job_id,
+        owed.job_id,
+        key,
+        refused,
+    )
+    try:
+        rt.store.release_many([Release(owed.job_id, key)])
+    except Exception as exc:
+        logger.warning("job %s: its key is freed by its lease instead: %r", owed.job_id, exc)
+
+
+def _publish(
+    task: Any,
+    job_id: str,
+    header: KeyHeader,
+    owed: FollowUp,
+    arguments: tuple[list[Any], dict[str, Any]],
+    message: Any,
+) -> None:
     info = getattr(message, "delivery_info", None) or {}
     properties = getattr(message, "properties", None) or {}
     route = {
@@ -60,7 +112,7 @@ def _publish(app: Any, job_id: str, header: KeyHeader, owed: FollowUp, message: 
         )
         if value is not None
     }
-    args, kwargs = decode_arguments(app, owed.arguments)
+    args, kwargs = arguments
     try:
         # Published without asking the store: the key is the owed run's already.
         with resend.resending(owed.job_id, header):

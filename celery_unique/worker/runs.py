@@ -58,9 +58,9 @@ from celery.exceptions import Ignore
 
 from celery_unique import resend
 from celery_unique.config import runtime
-from celery_unique.duplicates import decode_arguments
+from celery_unique.duplicates import RefusedArguments, decode_arguments
 from celery_unique.exceptions import BackendUnavailable
-from celery_unique.headers import KeyHeader, read_header
+from celery_unique.headers import KeyHeader, own_header, read_header
 from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDING_OVER,
@@ -122,7 +122,7 @@ def begin(task: Any) -> RunBegun:
     run = getattr(request, RUN_FIELD, None)
     if not run or request.is_eager or request.called_directly:
         return _GO_AHEAD
-    header = read_header(request)
+    header = own_header(task.app, request, request.id)
     key = header.get("a") if header else None
     if header is None or not key or header.get("s") not in _MARKED_SCOPES:
         return _GO_AHEAD
@@ -223,10 +223,23 @@ def stop_before_body(task: Any, begun: RunBegun) -> Ignore | None:
     return None
 
 
-def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]:
-    """The arguments the job's latest duplicate left, now the run's (and its retries')."""
-    args, kwargs = decode_arguments(task.app, stored)
+def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]] | None:
+    """The arguments the job's latest duplicate left, now the run's (and its retries');
+    ``None`` when the store's copy is refused (logged): the job runs with its own."""
     request = task.request
+    key = (read_header(request) or {}).get("a", "")
+    try:
+        args, kwargs = decode_arguments(task, key, stored, runtime(task.app).signing_key)
+    except RefusedArguments as refused:
+        logger.error(
+            "job %s of %s runs with the arguments of its own message: the latest "
+            "arguments its key %r keeps in the store are refused, %s",
+            request.id,
+            task.name,
+            key,
+            refused,
+        )
+        return None
     request.args, request.kwargs = args, kwargs
     return args, kwargs
 
@@ -265,7 +278,7 @@ def hand_over(task: Any) -> Callable[[], None] | None:
     """
     request = task.request
     run = getattr(request, RUN_FIELD, None)
-    header = read_header(request)
+    header = own_header(task.app, request, request.id)
     key = header.get("a") if header else None
     if not run or not key or request.is_eager:
         return None

@@ -295,7 +295,10 @@ class UniqueKeyAdmin(ReadOnlyAdmin):
     ordering = ["key"]
     list_per_page = PER_PAGE
     actions = ["release_keys"]
-    exclude = ["key_hash"]
+    # Stored arguments may hold anything a task is given (a card number, a token): staff
+    # who may view keys see a digest, enough to tell two apart, as the CLI shows.
+    exclude = ["key_hash", "arguments"]
+    readonly_fields = ["latest_arguments"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[UniqueKey]:
         queryset: QuerySet[UniqueKey] = super().get_queryset(request)
@@ -322,6 +325,10 @@ class UniqueKeyAdmin(ReadOnlyAdmin):
     @admin.display(description="namespace")
     def namespace(self, row: UniqueKey) -> str:
         return keyspace.split_storage_key(row.key)[0]
+
+    @admin.display(description="latest arguments (digest)")
+    def latest_arguments(self, row: UniqueKey) -> str:
+        return operations.arguments_digest(row.arguments) or "-"
 
     @admin.display(description="expires", ordering="expires_at")
     def expiry(self, row: UniqueKey) -> str:

@@ -28,6 +28,7 @@ SETTINGS = (
     "unique_fail_open",
     "unique_lease",
     "unique_strict_checks",
+    "unique_signing_key",
 )
 
 #: The Django setting naming the Celery app, read directly (not through Celery).
@@ -73,3 +74,14 @@ def django_name(app: Celery, name: str) -> str:
 def django_value(app: Celery, name: str, default: Any = None) -> Any:
     """The value of that Django setting, or ``default`` when the project does not set it."""
     return getattr(settings, django_name(app, name), default)
+
+
+def secret_key(app: Celery) -> str | bytes | None:
+    """``SECRET_KEY``, the secret ``app``'s stored arguments are signed with when its
+    ``unique_signing_key`` is unset, if ``app`` is configured from the Django settings;
+    else ``None`` (another app in the process shares nothing with this project)."""
+    # Celery keeps what config_from_object() was given; no public name reads it back.
+    source = getattr(app, "_config_source", None)
+    if source != "django.conf:settings" and source is not settings:
+        return None
+    return getattr(settings, "SECRET_KEY", None) or None

@@ -14,7 +14,10 @@ from django.test import Client
 
 from celery_unique import Disposition
 from celery_unique.config import runtime
-from celery_unique.stores.base import Store
+from celery_unique.duplicates import encode_arguments
+from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.operations import arguments_digest
+from celery_unique.stores.base import ActiveClaim, Claim, OnDuplicate, Scope, Store
 from celery_unique.testing import held_keys
 from celery_unique_django.models import UniqueKey
 from tests.django.example.shop.tasks import charge, recalculate_totals
@@ -216,3 +219,32 @@ def test_changelists_need_the_view_permission(login: Login) -> None:
     client = login()
     assert client.get(HELD_KEYS).status_code == 403
     assert client.get(DATABASE_KEYS).status_code == 403
+
+
+def test_stored_arguments_are_shown_as_a_digest_only(
+    login: Login, example_app: Celery, keys: dict[str, str]
+) -> None:
+    """Staff who may only view keys see a digest of a duplicate's stored arguments (as the
+    CLI does), never the arguments or their encoding."""
+    rt = runtime(example_app)
+    key = storage_key(rt.namespace, ACTIVE, TASK, "card")
+    arguments = encode_arguments(
+        recalculate_totals,
+        ["4111 1111 1111 1111"],
+        {},
+        1 << 16,
+        storage_key=key,
+        signing_key=rt.signing_key,
+    )
+    active = ActiveClaim(key, Scope.ACTIVE, 60_000, OnDuplicate.LATEST, arguments)
+    rt.store.decide([Claim("card-job", TASK, active)])
+    rt.store.decide([Claim("duplicate", TASK, active)])  # its arguments are kept
+    row = UniqueKey.objects.get(job_id="card-job")
+    assert row.arguments == arguments
+
+    page = login("view_uniquekey").get(f"{DATABASE_KEYS}{row.pk}/change/")
+    assert page.status_code == 200
+    shown = page.content.decode()
+    assert arguments.rsplit("|", 1)[1] not in shown  # the base64 of the arguments
+    assert "4111" not in shown
+    assert arguments_digest(arguments) in shown

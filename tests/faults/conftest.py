@@ -88,14 +88,16 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     """Start a ready worker for a spec (``plain=True``: without the plugin); all killed after."""
     workers: list[Worker] = []
 
-    def start(spec: Spec, *, plain: bool = False, concurrency: int = 2) -> Worker:
+    def start(
+        spec: Spec, *, plain: bool = False, concurrency: int = 2, env: dict[str, str] | None = None
+    ) -> Worker:
         name = f"faults{len(workers)}-{uuid.uuid4().hex[:8]}"
         module = f"faultapp_{name.replace('-', '_')}"
         builder = "plain_app" if plain else "unique_app"
         (tmp_path / f"{module}.py").write_text(
             _APP_MODULE.format(builder=builder, spec=spec.to_json())
         )
-        worker = Worker(tmp_path, module, [spec.queue], name, concurrency=concurrency)
+        worker = Worker(tmp_path, module, [spec.queue], name, concurrency=concurrency, env=env)
         workers.append(worker)
         worker.wait_ready()
         return worker

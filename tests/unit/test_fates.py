@@ -238,9 +238,12 @@ def test_a_run_owed_to_duplicates_is_passed_on_before_the_acknowledgement_is_con
 
     store = runtime(app).store
     job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", "owed")
+    store_key = runtime(app).signing_key
 
     def claim(job_id: str, n: int) -> Claim:
-        arguments = encode_arguments(latest, [n], {}, 1 << 16)
+        arguments = encode_arguments(
+            latest, [n], {}, 1 << 16, storage_key=key, signing_key=store_key
+        )
         active = ActiveClaim(key, Scope.ACTIVE, 60_000, OnDuplicate.LATEST, arguments)
         return Claim(job_id, "fates.latest", active)
 
@@ -254,7 +257,7 @@ def test_a_run_owed_to_duplicates_is_passed_on_before_the_acknowledgement_is_con
 
     policy = OnDuplicate.LATEST.code
     header: KeyHeader = {"v": VERSION, "a": key, "s": Scope.ACTIVE.value, "p": policy}
-    fate = Fate(app, job, header, Message("RECEIVED"), run=run)
+    fate = Fate(app, job, header, Message("RECEIVED"), run=run, task="fates.latest")
     fate.started()
     fate.run_ended(pid=None, cut_short=False, continued=False)
     fate.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it failed
