@@ -51,7 +51,7 @@ class Message:
 def created(app: Celery, name: str) -> tuple[Store, str, str, KeyHeader]:
     """A job created on an active key ``name``: the store, the job, the key, its header."""
     store = runtime(app).store
-    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", name)
+    job, key = uuid.uuid4().hex, storage_key(runtime(app).namespace, ACTIVE, "", name)
     claim = Claim(job, "fates.task", ActiveClaim(key, Scope.ACTIVE, 60_000))
     assert store.decide([claim])[0].verdict is Verdict.CREATED
     return store, job, key, {"v": VERSION, "a": key, "s": Scope.ACTIVE.value}
@@ -237,7 +237,7 @@ def test_a_run_owed_to_duplicates_is_passed_on_before_the_acknowledgement_is_con
     def latest(n: int) -> None: ...
 
     store = runtime(app).store
-    job, key = uuid.uuid4().hex, storage_key("fates", ACTIVE, "", "owed")
+    job, key = uuid.uuid4().hex, storage_key(runtime(app).namespace, ACTIVE, "", "owed")
     store_key = runtime(app).signing_key
 
     def claim(job_id: str, n: int) -> Claim:
@@ -278,6 +278,7 @@ class _CeleryRequest:
         self._request_dict = {HEADER: header}
         self.task = SimpleNamespace(app=app)
         self.id = job
+        self.name = "fates.task"
         self._message = Message("ACK")
         self.worker_pid = worker_pid
         #: Whether Celery's on_failure ran where a send of the job is the job going on.
