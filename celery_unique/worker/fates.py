@@ -61,7 +61,7 @@ from celery.worker.request import Request
 from celery_unique import cleanup, resend
 from celery_unique.config import own_namespace, runtime
 from celery_unique.dispatch import release_at
-from celery_unique.headers import HEADER, VERSION, KeyHeader, confined
+from celery_unique.headers import HEADER, VERSION, KeyHeader, confined, read_header
 from celery_unique.signals import ReleaseReason, emit_released
 from celery_unique.stores.base import GOES_ON, HAND_OVER_UNDONE, RUNNING, Release
 from celery_unique.worker import alive, follow_up, runs
@@ -434,10 +434,18 @@ class FateMixin:
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> Any:
         fate = self._fate
-        if fate is None:
-            return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         exc = _exception(exc_info)
         request: Any = self
+        if fate is None:
+            if isinstance(exc, _RESENDING):
+                window_only = read_header(request._request_dict)
+                if window_only is not None:
+                    # No active key to follow, but a window key that names this job:
+                    # Celery's retry of the lost run must be published, not decided
+                    # against the job's own window key.
+                    with resend.resending(request.id, window_only):
+                        return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
+            return super().on_failure(exc_info, send_failed_event, return_ok)  # type: ignore[misc]
         fate.run_ended(
             pid=request.worker_pid,
             cut_short=isinstance(exc, _CUT_SHORT),

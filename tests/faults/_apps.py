@@ -25,6 +25,8 @@ from celery import Celery, signals
 JOB = "faults.job"
 #: The soak's task: count the run and record it, quickly.
 SOAK = "faults.soak"
+#: ``faults.job`` with a declared window key (by order), for a re-send that plans its keys again.
+WINDOWED = "faults.windowed"
 #: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
 FOLLOW = "faults.follow"
 #: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
@@ -106,14 +108,7 @@ def _define_tasks(app: Celery, spec: Spec, base: Any = None) -> None:
         this long before it reports the result (a ``task_postrun`` receiver
         sleeps), so the job can be killed between its return and its ack.
         """
-        marks = marks_client(spec.marks_url)
-        job_id = self.request.id
-        run = int(marks.incr(f"{spec.marks}:runs:{job_id}"))
-        keyed = getattr(self.request, KEY_HEADER, None) is not None
-        marks.rpush(f"{spec.marks}:started", json.dumps([job_id, os.getpid(), run, keyed]))
-        time.sleep(first_hold_s if run == 1 and first_hold_s is not None else hold_s)
-        marks.rpush(f"{spec.marks}:finished", job_id)
-        return run
+        return _run(spec, self.request, hold_s, first_hold_s)
 
     def linger(
         sender: Any = None, task_id: str | None = None, kwargs: Any = None, **_: Any
@@ -139,6 +134,31 @@ def _define_tasks(app: Celery, spec: Spec, base: Any = None) -> None:
             pipe.execute()
 
 
+def _run(spec: Spec, request: Any, hold_s: float, first_hold_s: float | None) -> int:
+    marks = marks_client(spec.marks_url)
+    job_id = request.id
+    run = int(marks.incr(f"{spec.marks}:runs:{job_id}"))
+    keyed = getattr(request, KEY_HEADER, None) is not None
+    marks.rpush(f"{spec.marks}:started", json.dumps([job_id, os.getpid(), run, keyed]))
+    time.sleep(first_hold_s if run == 1 and first_hold_s is not None else hold_s)
+    marks.rpush(f"{spec.marks}:finished", job_id)
+    return run
+
+
+def _define_windowed(app: Celery, spec: Spec, base: Any) -> None:
+    @app.task(
+        name=WINDOWED,
+        shared=False,
+        bind=True,
+        base=base,
+        unique_window_key=lambda job: f"order:{job['order']}",
+        unique_window=600,
+    )
+    def windowed(self: Any, order: int, first_hold_s: float | None = None) -> int:
+        """``faults.job``'s run, keyed by ``order`` for ten minutes."""
+        return _run(spec, self.request, 0.0, first_hold_s)
+
+
 def unique_app(spec: Spec) -> Celery:
     """The app with the plugin: its tasks are ``UniqueTask`` s, keys given per dispatch."""
     from celery_unique import UniqueTask
@@ -153,6 +173,7 @@ def unique_app(spec: Spec) -> Celery:
     )
     _define_tasks(app, spec, UniqueTask)
     _define_follower(app, spec, UniqueTask)
+    _define_windowed(app, spec, UniqueTask)
     app.finalize()
     return app
 

@@ -20,8 +20,17 @@ import pytest
 
 from celery_unique import Disposition
 
-from ._apps import Spec
-from .conftest import Worker, eventually, finished, one_key, queue_length, starts
+from ._apps import WINDOWED, Spec
+from .conftest import (
+    Worker,
+    eventually,
+    finished,
+    one_key,
+    producer,
+    queue_length,
+    starts,
+    task_of,
+)
 
 #: Redis transport options for a redelivery within seconds of a worker's death:
 #: messages unacknowledged for 5 s become visible again, and every worker looks
@@ -133,6 +142,43 @@ def test_acks_late_job_of_a_killed_pool_child_keeps_its_key_and_runs_again(
         assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
         eventually(lambda: first.id in finished(marks, spec), what="the second run to end")
         eventually(lambda: job.holder() is None, what="the key to be released")
+        assert worker.alive()
+    assert [(job_id, run) for job_id, _, run, _ in starts(marks, spec)] == [
+        (first.id, 1),
+        (first.id, 2),
+    ]
+
+
+def test_window_keyed_job_of_a_killed_pool_child_is_retried_under_its_own_key(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """retry_on_worker_lost: the worker's re-send of a job whose only key is a window key
+    is the job going on, published, never a conflict with its own window key."""
+    spec = make_spec(
+        lease_s=LONG_LEASE_S,
+        settings={
+            "task_retry_on_worker_lost": True,
+            # Celery re-sends a lost job with this countdown: a request the window
+            # key's fingerprint would call different.
+            "task_annotations": {WINDOWED: {"default_retry_delay": 0.5}},
+        },
+    )
+    worker = start_worker(spec)
+    with producer(spec) as app:
+        job = task_of(app, WINDOWED)
+
+        def dispatch() -> Any:
+            return job.apply_async(kwargs={"order": 7, "first_hold_s": 120})
+
+        first = dispatch()
+        assert first.disposition is Disposition.CREATED
+        [(_, pid, _, _)] = eventually(lambda: starts(marks, spec), what="the job to start")
+        os.kill(pid, signal.SIGKILL)
+
+        eventually(lambda: first.id in finished(marks, spec), what="the re-sent job to run")
+        assert "UniquenessConflict" not in worker.log()
+        again = dispatch()
+        assert (again.disposition, again.id) == (Disposition.REUSED, first.id)
         assert worker.alive()
     assert [(job_id, run) for job_id, _, run, _ in starts(marks, spec)] == [
         (first.id, 1),
