@@ -11,7 +11,9 @@
 * uniqueness options for a task that is not a ``UniqueTask`` registered here
   are refused with ``unsupported_combination``;
 * any other call goes straight through, as do the calls Celery's own
-  ``Task.apply_async`` makes.
+  ``Task.apply_async`` makes;
+* any message of the app, Celery's own included, that would start a chord
+  whose body is unique is refused (:mod:`celery_unique.chords`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 from celery import Celery, signals
 
+from celery_unique import chords
 from celery_unique.checks import at_dispatch
 from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.exceptions import UnsupportedCombination
@@ -37,6 +40,8 @@ def guard(app: Celery) -> None:
 
     @functools.wraps(original)
     def send_task(name: str, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        # Every message of the app passes here, a chord's first among them.
+        chords.refuse_unique_body(app, name, args, options)
         if options.get("task_type") is not None:
             # Celery's Task.apply_async sending a job it (or we) decided on.
             return original(name, args, kwargs, **options)

@@ -186,3 +186,47 @@ def test_task_chaining_to_itself_hands_its_key_on(
     assert result.get(timeout=20) == 3
     assert redis_client.get("steps") == b"3"
     eventually(lambda: store.get(active_key(step.name, "pipeline")) is None, what="release")
+
+
+def define_plain_add(app: Celery) -> Any:
+    """A plain task for chord headers and bodies."""
+
+    @app.task(name="canvas.add")
+    def add(*numbers: int) -> int:
+        return sum(n if isinstance(n, int) else sum(n) for n in numbers)
+
+    return add
+
+
+def test_chord_with_a_unique_body_is_refused_before_anything_is_sent(
+    celery_app: Celery, store: RedisStore, redis_client: Any, redis_url: str, broker: str
+) -> None:
+    """A unique chord body would be reused, never sent under the chord's id, if its key were
+    held when the header ends: the chord is refused before its header leaves."""
+    count, _ = define_tasks(celery_app, redis_url)
+    add = define_plain_add(celery_app)
+    holder = count.apply_async((3,), countdown=60)
+    assert holder.disposition is Disposition.CREATED
+    waiting = queue_length(celery_app, broker)
+    keys = sorted(h.key for h in store.scan(prefix=namespace_prefix(NAMESPACE)))
+
+    bodies = [count.si(3), chain(add.s(), count.si(4)), add.s().set(unique_key="sum")]
+    for body in bodies:
+        with pytest.raises(UnsupportedCombination) as refused:
+            chord([add.s(1), add.s(2)])(body)
+        assert refused.value.code == "unsupported_combination"
+        assert "body of a chord" in str(refused.value)
+    assert queue_length(celery_app, broker) == waiting
+    assert sorted(h.key for h in store.scan(prefix=namespace_prefix(NAMESPACE))) == keys
+    with celery_app.connection_for_write() as connection:
+        connection.default_channel.queue_purge(celery_app.conf.task_default_queue)
+
+
+def test_chord_with_a_plain_body_still_finishes(
+    celery_app: Celery, celery_worker: WorkController, redis_url: str
+) -> None:
+    """The refusal is of unique bodies only: a chord of plain tasks finishes on a real worker
+    with the Redis result backend."""
+    add = define_plain_add(celery_app)
+    celery_worker.reload()
+    assert chord([add.s(1), add.s(2)])(add.s()).get(timeout=20) == 3
