@@ -385,6 +385,27 @@ def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
     return None
 
 
+def _replaces_another_task(task: Task[Any, Any], task_id: str | None) -> bool:
+    """Whether this dispatch is ``replace()`` in the running job by a task of another name:
+    its keys are its own, not the replaced job's."""
+    current = task.app.current_worker_task
+    return (
+        current is not None
+        and current.request.id == task_id
+        and current.name != task.name
+        and not current.request.is_eager
+    )
+
+
+def _carries(header: KeyHeader, planned: KeyHeader) -> bool:
+    """Whether the keys ``planned`` names are among those ``header`` carries."""
+    return all(planned.get(kind) in (None, header.get(kind)) for kind in ("a", "w"))
+
+
+def _keys_of(planned: Plan) -> str:
+    return ", ".join(repr(key) for key in (planned.active_key, planned.window_key) if key)
+
+
 def _extend_lease(app: Celery, job_id: str, header: KeyHeader, options: Mapping[str, Any]) -> None:
     """A retry's countdown is waiting time its key's lease must cover."""
     key, rt = header.get("a"), runtime(app)
@@ -638,12 +659,22 @@ def apply_unique(
         return send(args, kwargs, task_id=job_id, link=link, link_error=link_error, **opts, **extra)
 
     again = resend.resent(app, task_id, options)
-    if again is not None:
+    replacing = (
+        again is not None
+        and (overrides or declaration.declares_keys)
+        and _replaces_another_task(task, task_id)
+    )
+
+    def send_again() -> UniqueResult:
         # retry(), replace(), a lost child's retry: the same job again, never a
         # duplicate of itself. It holds its keys already.
+        assert again is not None
         if again.header is not None and task_id is not None and not resend.lease_covered():
             _extend_lease(app, task_id, again.header, options)
         return stamp(publish(task_id, again.header))
+
+    if again is not None and not replacing:
+        return send_again()
     if not (overrides or declaration.declares_keys):
         return stamp(publish(task_id))
 
@@ -662,6 +693,19 @@ def apply_unique(
         link_error=link_error,
         rt=rt,
     )
+    if replacing:
+        assert again is not None
+        if again.header is not None and again.header.get("a"):
+            # The replacement carries on the job's keys: one of its own would be
+            # released by nobody.
+            if planned is None or _carries(again.header, planned.header):
+                return send_again()
+            raise UnsupportedCombination(
+                f"replace() by {task.name}, whose keys ({_keys_of(planned)}) are not those "
+                f"of the job it replaces, which holds active key {again.header['a']!r}: "
+                "the replacement carries that job's keys on, and can hold no others. "
+                "Replace by a task with the same key, or dispatch the other task instead"
+            )
     if planned is None:
         return stamp(publish(task_id))
     callbacks = bool(link or link_error or options.get("chain"))
@@ -671,6 +715,14 @@ def apply_unique(
         error = verdict_error(task, planned, decision)
         if error is not None:
             raise error
+        if replacing:
+            # Reused, the replacement would not run under the replaced job's id,
+            # and whoever waits on that id would wait for good.
+            raise UnsupportedCombination(
+                f"replace() by {task.name}: its key ({_keys_of(planned)}) is held by job "
+                f"{decision.job_id}, so the replacement would run beside that job; nothing "
+                "was sent. Dispatch it instead of replacing, to share that job"
+            )
         return reused(
             task, planned, decision, callbacks=callbacks, group_member=group_member, eager=eager
         )

@@ -27,6 +27,10 @@ JOB = "faults.job"
 SOAK = "faults.soak"
 #: ``faults.job`` with a declared window key (by order), for a re-send that plans its keys again.
 WINDOWED = "faults.windowed"
+#: A task with an active key of its own (by ``n``), and a keyless task that replaces
+#: itself by it.
+KEYED = "faults.keyed"
+REPLACER = "faults.replacer"
 #: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
 FOLLOW = "faults.follow"
 #: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
@@ -159,6 +163,25 @@ def _define_windowed(app: Celery, spec: Spec, base: Any) -> None:
         return _run(spec, self.request, 0.0, first_hold_s)
 
 
+def _define_replacer(app: Celery, spec: Spec, base: Any) -> None:
+    @app.task(
+        name=KEYED,
+        shared=False,
+        bind=True,
+        base=base,
+        unique_key=lambda job: f"k:{job['n']}",
+        unique_while="active",
+    )
+    def keyed(self: Any, n: int, hold_s: float = 0.0) -> int:
+        """``faults.job``'s run, holding the active key ``k:<n>``."""
+        return _run(spec, self.request, hold_s, None)
+
+    @app.task(name=REPLACER, shared=False, bind=True, base=base)
+    def replacer(self: Any, n: int, hold_s: float = 0.0) -> Any:
+        """Replaced by ``faults.keyed`` with the same arguments."""
+        raise self.replace(keyed.si(n=n, hold_s=hold_s))
+
+
 def unique_app(spec: Spec) -> Celery:
     """The app with the plugin: its tasks are ``UniqueTask`` s, keys given per dispatch."""
     from celery_unique import UniqueTask
@@ -174,6 +197,7 @@ def unique_app(spec: Spec) -> Celery:
     _define_tasks(app, spec, UniqueTask)
     _define_follower(app, spec, UniqueTask)
     _define_windowed(app, spec, UniqueTask)
+    _define_replacer(app, spec, UniqueTask)
     app.finalize()
     return app
 
