@@ -153,8 +153,11 @@ class UniqueMixin(_MixinBase):
         finally:
             if in_worker:
                 runs.body_ended(request)
-                # How the run ended is decided: a soft time limit must not change it.
-                hold_to_the_end()
+                if not request.is_eager:
+                    # How the run ended is decided: a soft time limit must not change
+                    # it. (Run eagerly, in another task's body, that task's run goes on,
+                    # and its limit with it.)
+                    hold_to_the_end()
 
     def _run_marked(self, request: Any, in_worker: bool, args: Any, kwargs: Any) -> Any:
         try:

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import SoftTimeLimitExceeded
 
 #: The task that holds a key while it runs (tests 1, 2, 6).
 JOB = "faults.job"
@@ -31,6 +32,8 @@ WINDOWED = "faults.windowed"
 #: itself by it.
 KEYED = "faults.keyed"
 REPLACER = "faults.replacer"
+#: A plain task with a soft time limit of 1 s that runs ``faults.keyed`` eagerly first.
+OUTER = "faults.outer"
 #: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
 FOLLOW = "faults.follow"
 #: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
@@ -175,6 +178,16 @@ def _define_replacer(app: Celery, spec: Spec, base: Any) -> None:
     def keyed(self: Any, n: int, hold_s: float = 0.0) -> int:
         """``faults.job``'s run, holding the active key ``k:<n>``."""
         return _run(spec, self.request, hold_s, None)
+
+    @app.task(name=OUTER, shared=False, bind=True, soft_time_limit=1)
+    def outer(self: Any, n: int) -> None:
+        """Run ``faults.keyed`` here, then wait for the soft time limit; note its strike
+        (``soft_limit``)."""
+        keyed.apply(kwargs={"n": n})
+        try:
+            time.sleep(60)
+        except SoftTimeLimitExceeded:
+            marks_client(spec.marks_url).rpush(f"{spec.marks}:soft_limit", self.request.id)
 
     @app.task(name=REPLACER, shared=False, bind=True, base=base)
     def replacer(self: Any, n: int, hold_s: float = 0.0) -> Any:
