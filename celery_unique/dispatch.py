@@ -385,6 +385,22 @@ def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
     return None
 
 
+def _unsubscribe(app: Celery, job_id: str) -> None:
+    """Forget the result subscription Celery may have opened for ``job_id``, which was
+    never published.
+
+    Celery's Redis result backend subscribes to a job's result as it sends the
+    message, before the message reaches the broker; when the store decides as the
+    message leaves (:mod:`celery_unique.colocated`), a job that is not published was
+    subscribed to all the same, and would stay so for the life of the process.
+    (Only a backend that subscribes per job keeps ``subscribed_to``; the ``rpc``
+    backend's consumer serves every job at once and must be left alone.)
+    """
+    consumer = getattr(app.backend, "result_consumer", None)
+    if isinstance(getattr(consumer, "subscribed_to", None), set):
+        consumer.cancel_for(job_id)  # type: ignore[union-attr]
+
+
 def _replaces_another_task(task: Task[Any, Any], task_id: str | None) -> bool:
     """Whether this dispatch is ``replace()`` in the running job by a task of another name:
     its keys are its own, not the replaced job's."""
@@ -712,6 +728,8 @@ def apply_unique(
     group_member = task_id is not None and bool(options.get("group_id"))
 
     def not_published(decision: Decision) -> UniqueResult:
+        if decision.job_id != job_id:
+            _unsubscribe(app, job_id)
         error = verdict_error(task, planned, decision)
         if error is not None:
             raise error
