@@ -13,6 +13,7 @@ reservation back; a reservation whose answer was lost is undone by the store
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Mapping
@@ -418,6 +419,16 @@ def _carries(header: KeyHeader, planned: KeyHeader) -> bool:
     return all(planned.get(kind) in (None, header.get(kind)) for kind in ("a", "w"))
 
 
+def _carrying_own(carried: KeyHeader, planned: Plan) -> KeyHeader:
+    """The header of a replacement that carries a job's keys on and holds its own active key
+    (``x``), if it has one, beside them."""
+    header: KeyHeader = {**carried}
+    own = planned.header
+    if own.get("a"):
+        header["x"] = {name: value for name, value in own.items() if name in ("v", "a", "s", "r")}  # type: ignore[typeddict-item]
+    return header
+
+
 def _keys_of(planned: Plan) -> str:
     return ", ".join(repr(key) for key in (planned.active_key, planned.window_key) if key)
 
@@ -712,16 +723,11 @@ def apply_unique(
     if replacing:
         assert again is not None
         if again.header is not None and again.header.get("a"):
-            # The replacement carries on the job's keys: one of its own would be
-            # released by nobody.
             if planned is None or _carries(again.header, planned.header):
                 return send_again()
-            raise UnsupportedCombination(
-                f"replace() by {task.name}, whose keys ({_keys_of(planned)}) are not those "
-                f"of the job it replaces, which holds active key {again.header['a']!r}: "
-                "the replacement carries that job's keys on, and can hold no others. "
-                "Replace by a task with the same key, or dispatch the other task instead"
-            )
+            # Its own keys are decided under the job's id; the message carries the
+            # job's keys on, and its end releases its own too.
+            planned = dataclasses.replace(planned, header=_carrying_own(again.header, planned))
     if planned is None:
         return stamp(publish(task_id))
     callbacks = bool(link or link_error or options.get("chain"))

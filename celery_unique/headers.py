@@ -39,6 +39,9 @@ class KeyHeader(TypedDict, total=False):
     j: str
     #: What duplicates do to the job, when not "reuse": "l" (latest), "d" (debounce).
     p: str
+    #: The active key (``a``, ``s``, ``r``) a replacement of another task holds of its
+    #: own, beside the replaced job's keys it carries on: released as its scope says.
+    x: KeyHeader
 
 
 def read_header(source: Any) -> KeyHeader | None:

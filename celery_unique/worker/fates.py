@@ -147,6 +147,7 @@ class Fate:
         with _lock:
             _undecided.setdefault(self.job_id, []).append(self)
         self.running = self.ran = True
+        self._release_own(finished=False)
         if release_at(self.job_id, self.header, finished=False) is not None:
             self._release(finished=False)
         elif self.run is not None:
@@ -232,12 +233,30 @@ class Fate:
         waits for the next attempt unmarked, as any job not running."""
         return () if self.handing_over else (HAND_OVER_UNDONE,)
 
+    def _release_own(self, *, finished: bool) -> None:
+        """Release, as its scope says, the key a replacement of another task holds of its
+        own beside the job's (header ``x``); it takes no run marks."""
+        own = self.header.get("x")
+        hold = None if own is None else release_at(self.job_id, own, finished=finished)
+        if hold is None:
+            return
+        rt = runtime(self.app)
+        cleanup.release(
+            rt.store,
+            hold,
+            within_s=None if rt.lease_ms is None else rt.lease_ms / 1000,
+            after_exit_of=self.pool_child if finished else None,
+            after=forgotten_within(self.message, ACK_WAIT_S) if finished else None,
+        )
+
     def _release(self, *, finished: bool) -> None:
         hold = release_at(self.job_id, self.header, finished=finished)
         if hold is None:
             return
         if finished and not self.ran and self._waits_for_an_earlier_run():
             return
+        if finished:
+            self._release_own(finished=True)
         # The end of the run goes first, and goes even if the release never does
         # (an acknowledgement that failed): a copy of the message the broker
         # delivers again must not find the key marked by a run that is over.

@@ -32,6 +32,8 @@ WINDOWED = "faults.windowed"
 #: itself by it.
 KEYED = "faults.keyed"
 REPLACER = "faults.replacer"
+#: A task holding the active key ``r:<n>`` that replaces itself by ``faults.keyed``.
+KEYED_REPLACER = "faults.keyed_replacer"
 #: A plain task with a soft time limit of 1 s that runs ``faults.keyed`` eagerly first.
 OUTER = "faults.outer"
 #: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
@@ -192,6 +194,18 @@ def _define_replacer(app: Celery, spec: Spec, base: Any) -> None:
     @app.task(name=REPLACER, shared=False, bind=True, base=base)
     def replacer(self: Any, n: int, hold_s: float = 0.0) -> Any:
         """Replaced by ``faults.keyed`` with the same arguments."""
+        raise self.replace(keyed.si(n=n, hold_s=hold_s))
+
+    @app.task(
+        name=KEYED_REPLACER,
+        shared=False,
+        bind=True,
+        base=base,
+        unique_key=lambda job: f"r:{job['n']}",
+        unique_while="active",
+    )
+    def keyed_replacer(self: Any, n: int, hold_s: float = 0.0) -> Any:
+        """Holding ``r:<n>``, replaced by ``faults.keyed`` with the same arguments."""
         raise self.replace(keyed.si(n=n, hold_s=hold_s))
 
 

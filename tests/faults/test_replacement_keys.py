@@ -15,7 +15,7 @@ import pytest
 
 from celery_unique import Disposition
 
-from ._apps import JOB, KEYED, REPLACER, Spec
+from ._apps import JOB, KEYED, KEYED_REPLACER, REPLACER, Spec
 from .conftest import Worker, eventually, finished, job_key, open_store, producer, starts, task_of
 
 pytestmark = pytest.mark.slow
@@ -42,6 +42,29 @@ def test_a_replacement_by_a_unique_task_holds_its_key_until_it_ends(
         eventually(lambda: replaced.id in finished(marks, spec), what="the replacement to end")
         stored = job_key(spec, "k:1", KEYED)
         eventually(lambda: store.get(stored) is None, what="the key to be released")
+    assert [job_id for job_id, _, _, _ in starts(marks, spec)] == [replaced.id]
+
+
+def test_a_keyed_jobs_replacement_holds_both_keys_until_it_ends(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """A job holding ``r:3`` replaced by ``faults.keyed``: the replacement holds the job's key
+    and its own under the job's id while it runs, and its end releases both."""
+    spec = make_spec(lease_s=LEASE_S)
+    start_worker(spec)
+    with producer(spec) as app, open_store(spec.store_url) as store:
+        replaced = task_of(app, KEYED_REPLACER).delay(n=3, hold_s=3)
+        [(job_id, _, _, _)] = eventually(
+            lambda: starts(marks, spec), what="the replacement to start"
+        )
+        assert job_id == replaced.id
+        for name in (KEYED, KEYED_REPLACER):
+            again = task_of(app, name).delay(n=3)
+            assert (again.disposition, again.id) == (Disposition.REUSED, replaced.id)
+
+        eventually(lambda: replaced.id in finished(marks, spec), what="the replacement to end")
+        keys = [job_key(spec, "k:3", KEYED), job_key(spec, "r:3", KEYED_REPLACER)]
+        eventually(lambda: [store.get(key) for key in keys] == [None, None], what="releases")
     assert [job_id for job_id, _, _, _ in starts(marks, spec)] == [replaced.id]
 
 
