@@ -43,6 +43,23 @@ REPORTED_LATE = (
     "paths.reject_requeue_reported_late",
 )
 REPORT_LATE_S = 1.0
+#: Paths also played with a window key: each gets a twin task, ``paths.window.<path>``,
+#: that declares the window key (the ``key`` argument) and no active key.
+WINDOWED = (
+    "success",
+    "failure",
+    "fail_after_retry",
+    "retry",
+    "autoretry",
+    "reject_requeue",
+    "replace_unique",
+    "replace_plain",
+    "killed",
+    "killed_requeue",
+    "killed_retry",
+)
+#: The window of the twins (seconds): longer than any pass.
+WINDOW_S = 600
 
 _clients: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
@@ -191,6 +208,18 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     def task(
         name: str, body: Callable[[Any, int], Any], base: Any = UniqueTask, **options: Any
     ) -> Any:
+        if name in WINDOWED:
+            # Declared too, so that a re-send under the job's id plans the window key
+            # again (and must not find it "a different request").
+            app.task(
+                name=f"{PREFIX}.window.{name}",
+                bind=True,
+                shared=False,
+                base=base,
+                unique_window_key=lambda job: job.key,
+                unique_window=WINDOW_S,
+                **options,
+            )(recording(body))
         if base is UniqueTask:
             # Declared, as users do: a re-send under the job's own id must not be
             # decided again (it would find its own key held). The scope and the

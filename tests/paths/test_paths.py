@@ -18,6 +18,11 @@ For each cell it checks:
   ended (or its child was killed): two jobs never run under one key;
 * the probe afterwards creates a new job.
 
+A window pass (``redis``, ``--pool=prefork``) plays the paths that send a job
+on under its id with a twin task that declares a window key instead: the job
+runs as often as Celery says, the key names it at every sample, and the same
+request afterwards is that job.
+
 What each pass observed is the table in ``docs/_generated/path-matrix.md``
 (included in the concepts page): the test renders its own observations and
 compares them with that file; ``UPDATE_PATH_MATRIX=1`` writes them instead.
@@ -38,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from celery_unique import Disposition
+from celery_unique import Disposition, DuplicateMatch, keyspace
 from celery_unique.stores import redis as redis_store
 from tests.paths import _app
 from tests.paths._pass import LEASE_S, RETENTION_S, Pass
@@ -518,6 +523,107 @@ def compare_with_docs(section: str, table: str) -> None:
     )
 
 
+#: What a window key does on every path it was played on: it names the job.
+WINDOW_LABEL = "names the job for its window"
+
+
+def play_window(run: Pass, path: Path_) -> Observed:
+    """Dispatch and drive a window-keyed twin of a path's job, watching its window key
+    until after its last run; then dispatch the same request again."""
+    key = f"{path.name}:window:{uuid.uuid4().hex[:8]}"
+    name = f"{_app.PREFIX}.window.{path.name}"
+    stored = keyspace.storage_key(run.spec["namespace"], keyspace.WINDOW, name, key)
+    task = run.app.tasks[name]
+    dispatched = time.monotonic_ns()
+    result = task.apply_async(kwargs={"key": key}, **path.options)
+    seen = Observed(path, "window", result.id, dispatched)
+    if result.disposition is not Disposition.CREATED:
+        seen.errors.append(f"the dispatch was {result.disposition}")
+        return seen
+    deadline = time.monotonic() + LEASE_S + 15
+    over: float | None = None
+    while time.monotonic() < deadline:
+        sample(run, stored, seen)
+        drive(run, path, seen)
+        if over is None and _last_run_over(seen):
+            over = time.monotonic()
+        # Watch a while longer: a run after the last one would show here.
+        if over is not None and time.monotonic() - over > SETTLE_S:
+            break
+        time.sleep(SAMPLE_S)
+    else:
+        seen.errors.append("the job never ran enough, or its last run never ended")
+        return seen
+    again = task.apply_async(kwargs={"key": key}, **path.options)
+    seen.probe = again.id
+    if (again.disposition, again.duplicate_match) != (Disposition.REUSED, DuplicateMatch.WINDOW):
+        seen.errors.append(f"the same request afterwards was {again.disposition}")
+    return seen
+
+
+def _last_run_over(seen: Observed) -> bool:
+    """Whether the job ran as often as its path says, and its last run ended (or was cut)."""
+    runs = [record["run"] for record in seen.starts if record["job"] == seen.job_id]
+    if len(runs) < seen.path.runs:
+        return False
+    ended = {record["run"] for record in seen.ends}
+    return max(runs) in ended or (len(runs) == 1 and seen.cut_at is not None)
+
+
+def check_window(seen: Observed) -> list[str]:
+    """What is wrong with one window cell's observations (nothing, if the library is right)."""
+    problems = list(seen.errors)
+    runs = [record for record in seen.starts if record["job"] == seen.job_id]
+    if len(runs) != seen.path.runs:
+        problems.append(f"ran {len(runs)} times, Celery's semantics say {seen.path.runs}")
+    others = {holder for _, holder, _ in seen.samples if holder != seen.job_id}
+    if others:
+        problems.append(f"the window key named {others}, not the job")
+    if seen.probe is not None and seen.probe != seen.job_id:
+        problems.append(f"the same request afterwards was job {seen.probe}")
+    if problems:
+        problems.append(f"samples: {summary(seen)}")
+    return problems
+
+
+def render_window(observed: list[Observed], broker: str, pool: str) -> str:
+    """The markdown table of one pass's window cells, as the docs show it."""
+    rows = [
+        f"**{broker} broker, `--pool={pool}`, window key**",
+        "",
+        "| the job | runs | window key |",
+        "|---|---|---|",
+    ]
+    for seen in observed:
+        runs = len([r for r in seen.starts if r["job"] == seen.job_id])
+        label = "; ".join(check_window(seen)[:1]) or WINDOW_LABEL
+        rows.append(f"| {seen.path.title} | {runs} | {label} |")
+    return "\n".join(rows) + "\n"
+
+
+def test_every_path_keeps_a_window_key_naming_its_job(
+    matrix_pass: Callable[[str, str], Pass],
+) -> None:
+    """Each windowed path on a real prefork worker: the job runs as Celery says (a re-send
+    under its id is never a conflict with its own window key), the key names it all along,
+    and the same request afterwards is that job."""
+    run = matrix_pass("redis", "prefork")
+    paths = [path for path in PATHS if path.name in _app.WINDOWED]
+    with ThreadPoolExecutor(max_workers=len(paths)) as threads:
+        observed = list(threads.map(lambda path: play_window(run, path), paths))
+    table = render_window(observed, "redis", "prefork")
+    print(f"\n{table}")
+    problems = [
+        f"{seen.path.name} / window (job {seen.job_id}): {problem}"
+        for seen in observed
+        for problem in check_window(seen)
+    ]
+    failing = {seen.job_id for seen in observed if check_window(seen)}
+    lines = [line for line in run.worker.log().splitlines() if any(j in line for j in failing)]
+    assert not problems, "\n".join(problems) + "\n\nworker log:\n" + "\n".join(lines[-60:])
+    compare_with_docs("redis-prefork-window", table)
+
+
 @pytest.mark.parametrize(
     ("broker", "pool"),
     [
@@ -557,5 +663,5 @@ def test_every_path_holds_its_key_exactly_while_its_job_can_run(
 def test_the_docs_show_every_pass() -> None:
     """The generated page has a table for each pass the matrix runs."""
     text = MATRIX_DOC.read_text()
-    for section in ("redis-prefork", "rabbitmq-prefork", "redis-threads"):
+    for section in ("redis-prefork", "rabbitmq-prefork", "redis-threads", "redis-prefork-window"):
         assert f"<!-- {section} -->" in text, section
