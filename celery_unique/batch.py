@@ -35,6 +35,7 @@ from celery_unique.dispatch import (
     reused,
     rollback,
     take_dispatch_options,
+    unsubscribe,
     verdict_error,
     with_header,
 )
@@ -223,6 +224,10 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
                 claim = positions.get(id(item), 0)
                 messages += [Enqueued(claim, queue, message) for queue, message in captured]
         except colocated.Uncapturable:
+            # Asked first instead; the messages built so far subscribed to their jobs,
+            # which only those published keep.
+            for item in items:
+                unsubscribe(app, item.job_id)
             return False
         try:
             decisions = rt.store.decide_enqueue_many(  # type: ignore[attr-defined]
@@ -233,17 +238,37 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
             )
         except BackendUnavailable as outage:
             # A lost reply: the jobs and their messages exist together, or neither does.
-            if outage.maybe_applied or not tolerate_outage(rt, outage):
+            if outage.maybe_applied:
+                raise
+            if not tolerate_outage(rt, outage):
+                for item in items:
+                    unsubscribe(app, item.job_id)
                 raise
             return False  # asked again, and published without uniqueness
     store_answered(rt)
     for item, decision in zip(planned, decisions, strict=True):
         item.decision = decision
+    _unsubscribe_unpublished(app, items, continue_on_conflict)
     _fail_refused(items, continue_on_conflict)
     for item in items:
         if item.outcome is None:
             _settle(item, sent[item.index])
     return True
+
+
+def _unsubscribe_unpublished(app: Any, items: Sequence[_Item], continue_on_conflict: bool) -> None:
+    """Every message of a batch decided as it leaves was built by Celery's ``apply_async``,
+    which subscribed to its job's result: a job the store did not enqueue is subscribed
+    to no more (see :func:`~celery_unique.dispatch.unsubscribe`)."""
+    decided = [item.decision for item in items if item.decision is not None]
+    refused = not continue_on_conflict and any(d.verdict.failed for d in decided)
+    for item in items:
+        decision = item.decision
+        if decision is not None and not decision.verdict.publishes:
+            if decision.job_id != item.job_id:  # a job of its own id holds the key: keep
+                unsubscribe(app, item.job_id)
+        elif refused:
+            unsubscribe(app, item.job_id)
 
 
 def _publish(items: Sequence[_Item]) -> None:

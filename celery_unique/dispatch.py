@@ -386,7 +386,7 @@ def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
     return None
 
 
-def _unsubscribe(app: Celery, job_id: str) -> None:
+def unsubscribe(app: Celery, job_id: str) -> None:
     """Forget the result subscription Celery may have opened for ``job_id``, which was
     never published.
 
@@ -735,7 +735,7 @@ def apply_unique(
 
     def not_published(decision: Decision) -> UniqueResult:
         if decision.job_id != job_id:
-            _unsubscribe(app, job_id)
+            unsubscribe(app, job_id)
         error = verdict_error(task, planned, decision)
         if error is not None:
             raise error
@@ -785,16 +785,21 @@ def apply_unique(
                 return not_published(gate.decision)
     given = options.pop("producer")
     start = {} if planned.countdown_s is None else {"countdown": planned.countdown_s}
-    outcome: UniqueResult = publish_deciding(
-        app,
-        gate,
-        given,
-        lambda stand_in: created_receipt(
-            publish(job_id, planned.header, producer=stand_in, **start), planned
-        ),
-        not_published,
-        lambda: rollback(rt, planned.claim),
-        on_created=lambda: signals.emit_created(task, planned),
-    )
+    try:
+        outcome: UniqueResult = publish_deciding(
+            app,
+            gate,
+            given,
+            lambda stand_in: created_receipt(
+                publish(job_id, planned.header, producer=stand_in, **start), planned
+            ),
+            not_published,
+            lambda: rollback(rt, planned.claim),
+            on_created=lambda: signals.emit_created(task, planned),
+        )
+    except BaseException:
+        if not gate.enqueued:
+            unsubscribe(app, job_id)  # refused, or its publish failed: never published
+        raise
     rt.recently_held.note(planned.claim, gate.decision)
     return outcome

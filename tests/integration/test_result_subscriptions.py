@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.utils import uuid
+from kombu import Exchange, Queue
 
-from celery_unique import Disposition, UniqueTask, colocated
+from celery_unique import Disposition, UniquenessConflict, UniqueTask, colocated, dispatch_many
 from celery_unique import config as unique_config
 from celery_unique.config import runtime
 from tests.conftest import redis_celery_config, redis_publisher
@@ -29,13 +30,23 @@ pytestmark = pytest.mark.redis
 DUPLICATES = 30
 
 
-@pytest.fixture
-def app(redis_url: str, broker: Any) -> Iterator[Celery]:
-    """Store and broker on one Redis server, with the Redis result backend; no worker."""
+@pytest.fixture(params=["plain", "expiring"], ids=["queue", "expiring-queue"])
+def app(request: pytest.FixtureRequest, redis_url: str, broker: Any) -> Iterator[Celery]:
+    """Store and broker on one Redis server, with the Redis result backend; no worker.
+
+    A batch's messages travel with its decisions to a plain queue; to a queue that
+    expires (kombu must send those itself) the batch asks the store first, after
+    building its first message."""
+    settings = redis_celery_config()
+    if request.param == "plain":
+        name = settings["task_default_queue"]
+        settings["task_queues"] = [Queue(name, Exchange(name), routing_key=name)]
     app = redis_publisher(
         "subscriptions",
         redis_url,
-        result_backend=redis_celery_config()["result_backend"],
+        queue=settings["task_default_queue"],
+        task_queues=settings["task_queues"],
+        result_backend=settings["result_backend"],
         task_ignore_result=False,
     )
     app.finalize()
@@ -52,15 +63,31 @@ def subscribers(client: Any, job_ids: list[str]) -> int:
     return sum(count for _, count in client.pubsub_numsub(*channels))
 
 
+def define(app: Celery) -> tuple[Any, Any]:
+    """A task keyed by ``n`` while queued, and one keyed by a request id for a minute."""
+
+    @app.task(base=UniqueTask, shared=False, name="subscriptions.job", unique_key=lambda j: j.n)
+    def job(n: str) -> None:
+        pass
+
+    @app.task(
+        base=UniqueTask,
+        shared=False,
+        name="subscriptions.order",
+        unique_window_key=lambda j: j.rid,
+        unique_window=60,
+    )
+    def order(rid: str, amount: int) -> None:
+        pass
+
+    return job, order
+
+
 def test_duplicates_decided_as_their_message_leaves_leave_no_result_subscription(
     app: Celery, broker: Any
 ) -> None:
     """30 co-located duplicates, each of another held key: none stays subscribed."""
-
-    @app.task(base=UniqueTask, shared=False, name="subscriptions.job", unique_key=lambda j: j.n)
-    def job(n: int) -> None:
-        pass
-
+    job, _ = define(app)
     assert colocated.suits(app, runtime(app))
     holders = [job.apply_async((str(n),)) for n in range(DUPLICATES)]
     assert {holder.disposition for holder in holders} == {Disposition.CREATED}
@@ -75,3 +102,34 @@ def test_duplicates_decided_as_their_message_leaves_leave_no_result_subscription
         assert (duplicate.disposition, duplicate.id) == (Disposition.REUSED, holders[n].id)
     eventually(lambda: subscribers(broker, candidates) == 0, what="no subscription left")
     assert not {consumer._get_key_for_task(c) for c in candidates} & consumer.subscribed_to
+
+
+def test_a_batch_decided_as_its_messages_leave_keeps_only_published_subscriptions(
+    app: Celery, broker: Any
+) -> None:
+    """dispatch_many builds every message before the store decides: the duplicates' and
+    (all or nothing) a refused batch's jobs are subscribed to no more."""
+    job, order = define(app)
+    assert colocated.suits_batch(app, runtime(app))
+    holders = [job.apply_async((str(n),)) for n in range(DUPLICATES)]
+    fresh = [uuid() for _ in range(DUPLICATES)]
+    duplicates = [uuid() for _ in range(DUPLICATES)]
+    results = dispatch_many(
+        [job.s(f"new{n}").set(task_id=fresh[n]) for n in range(DUPLICATES)]
+        + [job.s(str(n)).set(task_id=duplicates[n]) for n in range(DUPLICATES)]
+    )
+    assert [r.id for r in results] == fresh + [h.id for h in holders]
+    eventually(lambda: subscribers(broker, duplicates) == 0, what="no duplicate subscribed")
+    eventually(lambda: subscribers(broker, fresh) == DUPLICATES, what="created ones subscribed")
+
+    order.delay("r1", 10)
+    refused = [uuid() for _ in range(3)]
+    with pytest.raises(UniquenessConflict):
+        dispatch_many(
+            [
+                job.s("other").set(task_id=refused[0]),
+                job.s("0").set(task_id=refused[1]),
+                order.s("r1", 11).set(task_id=refused[2]),
+            ]
+        )
+    eventually(lambda: subscribers(broker, refused) == 0, what="no refused job subscribed")
