@@ -18,7 +18,7 @@ For each cell it checks:
   ended (or its child was killed): two jobs never run under one key;
 * the probe afterwards creates a new job.
 
-A window pass (``redis``, ``--pool=prefork``) plays the paths that send a job
+A window pass per broker (``--pool=prefork``) plays the paths that send a job
 on under its id with a twin task that declares a window key instead: the job
 runs as often as Celery says, the key names it at every sample, and the same
 request afterwards is that job.
@@ -601,17 +601,18 @@ def render_window(observed: list[Observed], broker: str, pool: str) -> str:
     return "\n".join(rows) + "\n"
 
 
+@pytest.mark.parametrize("broker", ["redis", pytest.param("rabbitmq", marks=pytest.mark.rabbitmq)])
 def test_every_path_keeps_a_window_key_naming_its_job(
-    matrix_pass: Callable[[str, str], Pass],
+    matrix_pass: Callable[[str, str], Pass], broker: str
 ) -> None:
     """Each windowed path on a real prefork worker: the job runs as Celery says (a re-send
     under its id is never a conflict with its own window key), the key names it all along,
     and the same request afterwards is that job."""
-    run = matrix_pass("redis", "prefork")
+    run = matrix_pass(broker, "prefork")
     paths = [path for path in PATHS if path.name in _app.WINDOWED]
     with ThreadPoolExecutor(max_workers=len(paths)) as threads:
         observed = list(threads.map(lambda path: play_window(run, path), paths))
-    table = render_window(observed, "redis", "prefork")
+    table = render_window(observed, broker, "prefork")
     print(f"\n{table}")
     problems = [
         f"{seen.path.name} / window (job {seen.job_id}): {problem}"
@@ -621,7 +622,7 @@ def test_every_path_keeps_a_window_key_naming_its_job(
     failing = {seen.job_id for seen in observed if check_window(seen)}
     lines = [line for line in run.worker.log().splitlines() if any(j in line for j in failing)]
     assert not problems, "\n".join(problems) + "\n\nworker log:\n" + "\n".join(lines[-60:])
-    compare_with_docs("redis-prefork-window", table)
+    compare_with_docs(f"{broker}-prefork-window", table)
 
 
 @pytest.mark.parametrize(
@@ -663,5 +664,6 @@ def test_every_path_holds_its_key_exactly_while_its_job_can_run(
 def test_the_docs_show_every_pass() -> None:
     """The generated page has a table for each pass the matrix runs."""
     text = MATRIX_DOC.read_text()
-    for section in ("redis-prefork", "rabbitmq-prefork", "redis-threads", "redis-prefork-window"):
+    sections = ("redis-prefork", "rabbitmq-prefork", "redis-threads")
+    for section in (*sections, "redis-prefork-window", "rabbitmq-prefork-window"):
         assert f"<!-- {section} -->" in text, section
