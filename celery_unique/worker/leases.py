@@ -33,14 +33,18 @@ MIN_INTERVAL_S = 0.1
 
 
 def held_by_worker(requests: Iterable[Any]) -> list[Hold]:
-    """The hold of every request that carries an active-type key."""
+    """The hold of every request that carries an active-type key (and of the key a
+    replacement holds of its own beside it)."""
     holds = []
     for request in requests:
         header = read_header(request)
-        key = header.get("a") if header else None
         job_id = getattr(request, "id", None)
-        if key and job_id:
-            holds.append(Hold(str(job_id), key))
+        if header is None or not job_id:
+            continue
+        own = header.get("x") or {}
+        for key in (header.get("a"), own.get("a")):
+            if key:
+                holds.append(Hold(str(job_id), key))
     return holds
 
 

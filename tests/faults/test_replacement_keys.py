@@ -8,6 +8,7 @@ refused before anything is sent, never run beside that job.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from .conftest import Worker, eventually, finished, job_key, open_store, produce
 pytestmark = pytest.mark.slow
 
 LEASE_S = 60.0
+SHORT_LEASE_S = 1.5
 
 
 def test_a_replacement_by_a_unique_task_holds_its_key_until_it_ends(
@@ -66,6 +68,23 @@ def test_a_keyed_jobs_replacement_holds_both_keys_until_it_ends(
         keys = [job_key(spec, "k:3", KEYED), job_key(spec, "r:3", KEYED_REPLACER)]
         eventually(lambda: [store.get(key) for key in keys] == [None, None], what="releases")
     assert [job_id for job_id, _, _, _ in starts(marks, spec)] == [replaced.id]
+
+
+def test_a_replacements_own_key_is_renewed_while_it_runs(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """The key a replacement holds of its own outlives its lease while it runs: the worker
+    renews it beside the job's."""
+    spec = make_spec(lease_s=SHORT_LEASE_S)
+    start_worker(spec)
+    with producer(spec) as app:
+        replaced = task_of(app, KEYED_REPLACER).delay(n=4, hold_s=4 * SHORT_LEASE_S)
+        eventually(lambda: starts(marks, spec), what="the replacement to start")
+        time.sleep(2 * SHORT_LEASE_S)  # past the lease its decision gave the key
+        assert replaced.id not in finished(marks, spec)
+        for name in (KEYED, KEYED_REPLACER):
+            again = task_of(app, name).delay(n=4)
+            assert (again.disposition, again.id) == (Disposition.REUSED, replaced.id)
 
 
 def test_a_replacement_whose_key_another_job_holds_is_refused_before_it_is_sent(
