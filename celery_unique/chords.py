@@ -9,7 +9,8 @@ dispatched, so a body that can be deduplicated (a ``UniqueTask`` that declares a
 key, or a signature given uniqueness options) is refused then, with
 ``unsupported_combination``: at the first message the chord sends, a header
 member (it carries the body) or Celery's ``chord_unlock`` (the body is its
-argument), before the broker has any of it.
+argument), before the broker has any of it. A chain that goes on to such a
+chord is refused as its first step is sent.
 """
 
 from __future__ import annotations
@@ -29,21 +30,30 @@ CHORD_UNLOCK = "celery.chord_unlock"
 
 def refuse_unique_body(app: Celery, name: str, args: Any, options: Mapping[str, Any]) -> None:
     """Raise ``unsupported_combination`` if the message ``name`` would start a chord
-    whose body could be deduplicated."""
-    body = options.get("chord")
-    if not body and name == CHORD_UNLOCK and isinstance(args, Sequence) and len(args) > 1:
-        body = args[1]
-    if not body:
-        return
-    for signature in _tasks_in(body):
-        task: str = signature["task"]
-        if _deduplicates(app, task, signature.get("options") or {}):
-            raise UnsupportedCombination(
-                f"{task} is unique and the body of a chord: if a job held its key when the "
-                "header finished, the body would be reused instead of sent under the "
-                "chord's id, and the chord would never finish. Make the body a plain task "
-                "that dispatches the unique one, or deduplicate the chord as a whole"
-            )
+    whose body could be deduplicated, now or as a later step of its chain."""
+    for body in _bodies(name, args, options):
+        for signature in _tasks_in(body):
+            task: str = signature["task"]
+            if _deduplicates(app, task, signature.get("options") or {}):
+                raise UnsupportedCombination(
+                    f"{task} is unique and the body of a chord: if a job held its key when "
+                    "the header finished, the body would be reused instead of sent under "
+                    "the chord's id, and the chord would never finish. Make the body a "
+                    "plain task that dispatches the unique one, or deduplicate the chord "
+                    "as a whole"
+                )
+
+
+def _bodies(name: str, args: Any, options: Mapping[str, Any]) -> Iterator[Any]:
+    """The chord bodies a message carries: its own chord's (a header member), the one
+    ``chord_unlock`` waits to send, and those of the chords its chain goes on to."""
+    if options.get("chord"):
+        yield options["chord"]
+    if name == CHORD_UNLOCK and isinstance(args, Sequence) and len(args) > 1:
+        yield args[1]
+    for step in options.get("chain") or ():
+        if isinstance(step, Mapping) and step.get("subtask_type") == "chord":
+            yield (step.get("kwargs") or {}).get("body")
 
 
 def _tasks_in(signature: Any) -> Iterator[Mapping[str, Any]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery, chord
+from celery import Celery, chain, chord, group
 
 from celery_unique import UniqueTask, UnsupportedCombination
 
@@ -50,3 +50,15 @@ def test_a_chord_with_a_plain_body_is_sent(
         "chords.add",
         "chords.add",
     ]
+
+
+def test_a_chain_that_goes_on_to_a_chord_with_a_unique_body_is_refused_at_its_first_step(
+    app: Celery, tasks: tuple[Any, Any], published: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """``a | group | unique``: the chord is the chain's second step, sent later by a worker;
+    the chain is refused as its first step is sent."""
+    app.conf.result_backend = f"file://{tmp_path}"
+    add, total = tasks
+    with pytest.raises(UnsupportedCombination, match="body of a chord"):
+        chain(add.s(1), group(add.s(2), add.s(3)), total.si("7")).apply_async()
+    assert published == []
