@@ -95,12 +95,17 @@ def hold_to_the_end() -> None:
     _held_to_the_end = True
 
 
-def _rearm(**_: Any) -> None:
+def _rearm(task: Any = None, **_: Any) -> None:
     """A run begins (``task_prerun``): drop a soft limit that struck after the end of the
-    last one, held back, and let this run's strike."""
+    last one, held back, and let this run's strike.
+
+    A task run eagerly (``.apply()``) inside another task's body begins no run of the
+    pool child: the run it is in keeps its hold."""
     global _held_to_the_end, _struck
     limit = _in_pool_child()
     if not _held_to_the_end or limit is None:
+        return
+    if task is not None and getattr(task.request, "is_eager", False):
         return
     _held_to_the_end = _struck = False
     signal.signal(limit, soft_timeout_sighandler)

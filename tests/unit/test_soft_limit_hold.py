@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -86,6 +87,16 @@ def test_the_next_run_drops_the_held_limit_and_feels_its_own(soft_limit: None) -
     assert not limits._struck
     with pytest.raises(SoftTimeLimitExceeded):
         _send_limit()
+
+
+def test_a_task_run_eagerly_after_the_hold_leaves_it_held(soft_limit: None) -> None:
+    """A run that sent its job on and then runs a task eagerly (in a ``finally``, say):
+    that task's start is no new run of the pool child, and the limit stays held."""
+    with limits.soft_limit_held_back():
+        limits.hold_to_the_end()
+    limits._rearm(task=SimpleNamespace(request=SimpleNamespace(is_eager=True)))
+    _send_limit()
+    assert limits._struck
 
 
 def test_elsewhere_the_signal_is_left_alone(soft_limit: None) -> None:
