@@ -18,7 +18,8 @@ from celery_unique.keyspace import namespace_prefixes
 logger = logging.getLogger("celery_unique")
 
 #: The header's fields that name a storage key.
-_KEY_FIELDS = ("a", "w")
+#: Header fields that name keys (``x``: through its ``a``).
+_KEY_FIELDS = ("a", "w", "x")
 
 HEADER = "celery_unique"
 VERSION = 1
@@ -77,7 +78,7 @@ def confined(header: KeyHeader, namespace: str, job_id: object) -> KeyHeader:
     foreign = [
         field
         for field in _KEY_FIELDS
-        if field in header and not _within(header[field], prefixes)  # type: ignore[literal-required]
+        if field in header and not _within(_key_in(header, field), prefixes)
     ]
     if not foreign:
         return header
@@ -86,10 +87,17 @@ def confined(header: KeyHeader, namespace: str, job_id: object) -> KeyHeader:
             "job %s: its message names the key %r, outside this app's namespace %r: the "
             "key is ignored (only a message not sent by this app's producers names one)",
             job_id,
-            header[field],  # type: ignore[literal-required]
+            _key_in(header, field),
             namespace,
         )
     return {name: value for name, value in header.items() if name not in foreign}  # type: ignore[return-value]
+
+
+def _key_in(header: KeyHeader, field: str) -> object:
+    value: object = header[field]  # type: ignore[literal-required]
+    if field == "x":
+        return value.get("a") if isinstance(value, dict) else None
+    return value
 
 
 def _within(key: object, prefixes: tuple[str, ...]) -> bool:

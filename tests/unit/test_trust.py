@@ -124,6 +124,16 @@ def test_a_header_keeps_only_keys_of_the_namespace(caplog: pytest.LogCaptureFixt
         caplog.clear()
 
 
+def test_a_replacements_own_key_is_confined_too(caplog: pytest.LogCaptureFixture) -> None:
+    """The key a replacement holds of its own (``x``) is dropped when foreign, kept when not."""
+    own: KeyHeader = {"v": VERSION, "a": KEY, "x": {"v": VERSION, "a": KEY, "s": "queued"}}
+    assert confined(own, "unit", "job-1") is own
+    with caplog.at_level(logging.WARNING, logger="celery_unique"):
+        header = confined({**own, "x": {"v": VERSION, "a": "sessions:abc"}}, "unit", "job-2")
+    assert header == {"v": VERSION, "a": KEY}
+    assert "'sessions:abc'" in caplog.text
+
+
 def test_a_message_header_is_read_within_the_apps_namespace(app: Celery) -> None:
     """own_header reads a request's header with the app's namespace."""
     namespace = runtime(app).namespace
