@@ -40,11 +40,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
-from kombu.utils.url import maybe_sanitize_url
 
 from celery_unique import keyspace, operations
-from celery_unique.config import runtime
+from celery_unique.config import configured_backend_url, runtime
 from celery_unique.exceptions import UniquenessError
+from celery_unique.masking import masked
 from celery_unique.operations import KeyInfo, format_ms
 from celery_unique.stores.base import KeyKind
 from celery_unique_django.conf import celery_app
@@ -142,13 +142,13 @@ class StoreKeyAdmin(ReadOnlyAdmin):
             return self._release(request, app)
         query = request.GET.get("q", "").strip()
         chosen = {name: request.GET.get(name, "") for name in ("kind", "task", "expires")}
+        store_url = masked(configured_backend_url(app) or "-")
         try:
             everything = list(operations.iter_keys(app))
-            store_url = _shown_url(runtime(app).backend_url)
             namespace = runtime(app).namespace
         except UniquenessError as exc:
             messages.error(request, f"The uniqueness store cannot be read: {exc}")
-            everything, store_url, namespace = [], "-", "-"
+            everything, namespace = [], "-"
         shown = sorted(
             (info for info in everything if _matches(info, query, chosen)),
             key=lambda info: info.storage_key,
@@ -196,11 +196,6 @@ class StoreKeyAdmin(ReadOnlyAdmin):
             messages.error(request, f"The uniqueness store failed: {exc}")
         messages.success(request, _released_message(released, len(wanted)))
         return HttpResponseRedirect(request.get_full_path())
-
-
-def _shown_url(url: str) -> str:
-    """The store URL, without a password."""
-    return maybe_sanitize_url(url) if "@" in url else url
 
 
 def _released_message(released: int, selected: int) -> str:

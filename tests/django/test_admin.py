@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from celery import Celery
 from django.contrib.auth.models import Permission
-from django.test import Client
+from django.test import Client, override_settings
 
 from celery_unique import Disposition
-from celery_unique.config import runtime
+from celery_unique.config import reset, runtime
 from celery_unique.duplicates import encode_arguments
 from celery_unique.keyspace import ACTIVE, storage_key
 from celery_unique.operations import arguments_digest
@@ -248,3 +248,31 @@ def test_stored_arguments_are_shown_as_a_digest_only(
     assert arguments.rsplit("|", 1)[1] not in shown  # the base64 of the arguments
     assert "4111" not in shown
     assert arguments_digest(arguments) in shown
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis+sentinel://:master-pw@127.0.0.1:1,127.0.0.1:2/mymaster?sentinel_password=sentinel-pw",
+        "redis://:master-pw@127.0.0.1:1/0?password=sentinel-pw",
+        "reddis://:master-pw@127.0.0.1:1/0",
+    ],
+    ids=["multi-host-sentinel", "password-in-query", "mistyped-scheme"],
+)
+def test_the_held_keys_page_shows_the_store_url_without_its_passwords(
+    admin_client: Client, example_app: Celery, url: str
+) -> None:
+    """Whatever the store URL's shape (several sentinel hosts, a password in the query
+    string, a mistyped scheme), the page answers (no server error) and shows it masked,
+    in the store line and in the error saying the store cannot be read."""
+    with override_settings(CELERY_UNIQUE_BACKEND=url, DEBUG=True):
+        reset(example_app)
+        try:
+            response = admin_client.get(HELD_KEYS)
+        finally:
+            reset(example_app)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "***" in page
+    assert "master-pw" not in page
+    assert "sentinel-pw" not in page
