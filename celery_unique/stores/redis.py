@@ -766,9 +766,11 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
     """A client of the master Redis Sentinel names, for a ``redis+sentinel://`` URL.
 
     ``redis+sentinel://[[user]:password@]host1:26379,host2:26379/<master name>[/<db>]``,
-    with ``rediss+sentinel://`` for TLS to the master and replicas. The password
-    (and user) are the master's; ``?sentinel_password=...`` (and
-    ``sentinel_username``) are the sentinels' own, and ``socket_timeout`` /
+    with ``rediss+sentinel://`` for TLS to the sentinels, the master and replicas
+    alike (so that no password crosses in plain text), with ``ssl_cert_reqs``,
+    ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile`` and ``ssl_ca_path`` for
+    both. The password (and user) are the master's; ``?sentinel_password=...``
+    (and ``sentinel_username``) are the sentinels' own, and ``socket_timeout`` /
     ``socket_connect_timeout`` override the store's. After a failover the
     client asks the sentinels again; what it sees meanwhile (READONLY, refused
     connections) is ``backend_unavailable``.
@@ -808,26 +810,34 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
         for name in ("sentinel_username", "sentinel_password")
         if name in query
     }
-    ssl = parts.scheme.startswith("rediss")
+    tls: dict[str, Any] = {name: query.pop(name) for name in _SENTINEL_TLS if name in query}
+    if parts.scheme.startswith("rediss"):
+        tls["ssl"] = True
+    elif tls:
+        _refuse(url, f"has TLS options ({', '.join(sorted(tls))}) but is not rediss+sentinel://")
     watcher = Sentinel(  # type: ignore[no-untyped-call]
         sentinels,
         socket_timeout=options["socket_timeout"],
         socket_connect_timeout=options["socket_connect_timeout"],
-        sentinel_kwargs=sentinel_auth or None,
+        # The sentinels' own connections carry their password: over TLS as well.
+        sentinel_kwargs={**sentinel_auth, **tls} or None,
     )
     return watcher.master_for(  # type: ignore[no-untyped-call]
         master,
         db=db,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
-        ssl=ssl,
+        **tls,
         **options,
     )
 
 
+#: The TLS options a ``rediss+sentinel://`` URL takes, for sentinels and master alike.
+_SENTINEL_TLS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 #: The options a ``redis+sentinel://`` URL takes.
 _SENTINEL_OPTIONS = frozenset(
     {"socket_timeout", "socket_connect_timeout", "sentinel_username", "sentinel_password"}
+    | set(_SENTINEL_TLS)
 )
 _NUMBER = re.compile(r"[0-9]+")
 

@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery
@@ -160,3 +161,78 @@ def test_broker_tls_options_the_store_cannot_take_are_refused() -> None:
     )
     with pytest.raises(ImproperlyConfigured, match="'ciphers'"):
         unique_config.configured_backend_url(app)
+
+
+def test_a_rediss_sentinel_store_speaks_tls_to_the_sentinels_and_the_master(
+    tls_server: tuple[RedisServer, dict[str, Path]], tmp_path: Path
+) -> None:
+    """``rediss+sentinel://``: the sentinel (TLS-only, with a password of its own) and the
+    master (TLS-only) are both reached over TLS with the URL's CA, so neither password
+    crosses in plain text; a plain connection to either would be refused."""
+    master, files = tls_server
+    port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(
+        "\n".join(
+            [
+                "port 0",
+                f"tls-port {port}",
+                f"tls-cert-file {files['server']}",
+                f"tls-key-file {files['key']}",
+                f"tls-ca-cert-file {files['ca']}",
+                "tls-auth-clients no",
+                "tls-replication yes",
+                "requirepass sentinel-secret",
+                f"sentinel monitor main 127.0.0.1 {master.port} 1",
+                f"sentinel auth-pass main {PASSWORD}",
+                "",
+            ]
+        )
+    )
+    sentinel = subprocess.Popen(
+        ["redis-server", str(config), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        url = (
+            f"rediss+sentinel://:{PASSWORD}@127.0.0.1:{port}/main"
+            f"?sentinel_password=sentinel-secret&ssl_cert_reqs=required&ssl_ca_certs={files['ca']}"
+        )
+        app = Celery("tls-sentinel", broker="memory://", set_as_current=False)
+        app.conf.update(
+            unique_backend=url,
+            unique_namespace=f"tls-{uuid.uuid4().hex[:8]}",
+            task_ignore_result=True,
+        )
+
+        @app.task(base=UniqueTask, shared=False, unique_key="nightly")
+        def report() -> None: ...
+
+        try:
+            first, second = eventually_dispatched(report)
+            assert (first.disposition, second.disposition) == (
+                Disposition.CREATED,
+                Disposition.REUSED,
+            )
+        finally:
+            unique_config.reset(app)
+            app.close()
+    finally:
+        sentinel.kill()
+        sentinel.wait(timeout=10)
+
+
+def eventually_dispatched(task: Any) -> tuple[Any, Any]:
+    """Two dispatches, once the sentinel (just started) names its master."""
+    from celery_unique.exceptions import BackendUnavailable
+    from tests.polling import eventually
+
+    def first() -> Any:
+        try:
+            return task.delay()
+        except BackendUnavailable:
+            return None
+
+    return eventually(first, timeout=20, what="the sentinel to name its master"), task.delay()

@@ -37,7 +37,7 @@ REFUSED = [
     ("redis+sentinel://:{pw}@h1:70000/main", "names sentinel 'h1:70000'"),
     ("redis+sentinel://:{pw}@h1:26379/main/abc", "names database 'abc'"),
     ("redis+sentinel://:{pw}@h1:26379/main?socket_timeout=soon", "has socket_timeout='soon'"),
-    ("redis+sentinel://:{pw}@h1:26379/main?ssl_cert_reqs=none", "does not take: ssl_cert_reqs"),
+    ("redis+sentinel://:{pw}@h1:26379/main?ssl_cert_reqs=none", "is not rediss+sentinel"),
     ("redis+sentinel://:{pw}@h1:26379,:{pw}x@h2:26379/main", "gives credentials more than once"),
     ("redis://:{pw}@127.0.0.1:6379/0?socket_timeout=abc", "Invalid value for 'socket_timeout'"),
     ("redis://:{pw}@127.0.0.1:6379/0?socket_timeout=nan", "a timeout is a number of seconds"),
