@@ -342,7 +342,7 @@ def _settle(item: _Item, result: Any) -> None:
         callbacks = bool(item.link or item.link_error or item.options.get("chain"))
         item.outcome = reused(item.task, plan, decision, callbacks=callbacks)
     else:
-        item.outcome = created_receipt(result, plan)
+        item.outcome = created_receipt(result, plan, decision)
         signals.emit_created(item.task, plan)
 
 

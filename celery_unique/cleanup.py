@@ -402,9 +402,13 @@ def release(
     after: Callable[[], bool | None] | None = None,
     first: Sequence[Release] = (),
     before: Callable[[], None] | None = None,
+    ending: Callable[[], bool] | None = None,
 ) -> None:
     """Send ``hold``'s release soon: once process ``after_exit_of`` is gone and ``after``
     says so (``None`` from it cancels the release), when given.
+
+    ``ending``: what ends the hold instead of ``hold``'s release (retried while it
+    raises, like any owed write); it returns whether it changed the key.
 
     ``first``: writes sent ahead of it, in order, whatever ``after`` says (the end
     of the run, which holds even if the release never goes); owed at the same
@@ -429,6 +433,8 @@ def release(
     # Made in order: the thread sends what is ready oldest first.
     ahead = [owed(write) for write in first]
     last = owed(hold, on_released=on_released, after=after)
+    if ending is not None:
+        last = _ending(store, hold, ending, deadline, on_released, after, after_exit_of)
     if before is not None:
         work = before
         released = last
@@ -449,6 +455,35 @@ def release(
             after_exit_of=after_exit_of,
         )
     _thread().owe(*ahead, last)
+
+
+def _ending(
+    store: Store,
+    hold: Release,
+    ending: Callable[[], bool],
+    deadline: float,
+    on_released: Callable[[bool], None] | None,
+    after: Callable[[], bool | None] | None,
+    after_exit_of: int | None,
+) -> Owed:
+    def action() -> bool:
+        changed = ending()
+        if on_released is not None:
+            try:
+                on_released(changed)
+            except Exception:
+                logger.exception("a key_released receiver failed")
+        return True
+
+    return Owed(
+        store=store,
+        what=_describe(hold),
+        deadline=deadline,
+        action=action,
+        key=hold.key,
+        after=after,
+        after_exit_of=after_exit_of,
+    )
 
 
 def release_once_unmarked(

@@ -38,6 +38,7 @@ from celery_unique.duplicates import (
     DuplicatePolicy,
     encode_arguments,
     parse_policy,
+    planned_start,
 )
 from celery_unique.durations import parse_window
 from celery_unique.exceptions import (
@@ -236,6 +237,9 @@ def plan(
         if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:
             if not wait_ms and options.get("eta") is None:
                 countdown_s = debounce / 1000
+            # A job published with a longer countdown/eta cannot start sooner: the store
+            # plans its start (and every receipt names it) no earlier.
+            debounce = max(debounce, wait_ms)
             # The lease covers the latest start a duplicate can move the job to.
             wait_ms = max(wait_ms, duplicates.debounce_max_ms or debounce)
         lease = None if rt.lease_ms is None else rt.lease_ms + wait_ms
@@ -538,20 +542,21 @@ def reused(
         callbacks_dropped=dropped,
         arguments_replaced=effect in (Effect.ARGUMENTS_REPLACED, Effect.POSTPONED),
         rerun_requested=effect is Effect.RERUN_REQUESTED,
-        postponed_to=_planned_start(decision.starts_in_ms),
+        postponed_to=planned_start(decision.starts_at_ms),
     )
 
 
-def created_receipt(result: AsyncResult[Any], planned: Plan) -> UniqueResult:
-    """A created job's receipt (with its planned start, for ``debounce``)."""
-    starts_in = None if planned.countdown_s is None else round(planned.countdown_s * 1000)
-    return stamp(result, postponed_to=_planned_start(starts_in))
-
-
-def _planned_start(starts_in_ms: int | None) -> datetime | None:
-    if starts_in_ms is None:
-        return None
-    return datetime.now(timezone.utc) + timedelta(milliseconds=starts_in_ms)
+def created_receipt(
+    result: AsyncResult[Any], planned: Plan, decision: Decision | None
+) -> UniqueResult:
+    """A created job's receipt (with its planned start, for ``debounce``: the store's,
+    or, published without a decision (fail-open), the countdown it was sent with)."""
+    if decision is not None:
+        return stamp(result, postponed_to=planned_start(decision.starts_at_ms))
+    if planned.countdown_s is None:
+        return stamp(result)
+    sent_for = datetime.now(timezone.utc) + timedelta(seconds=planned.countdown_s)
+    return stamp(result, postponed_to=sent_for)
 
 
 def rollback(rt: Runtime, claim: Claim) -> None:
@@ -791,7 +796,9 @@ def apply_unique(
             gate,
             given,
             lambda stand_in: created_receipt(
-                publish(job_id, planned.header, producer=stand_in, **start), planned
+                publish(job_id, planned.header, producer=stand_in, **start),
+                planned,
+                gate.decision,
             ),
             not_published,
             lambda: rollback(rt, planned.claim),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import EncodeError
@@ -122,6 +123,15 @@ def parse_policy(
             )
         latest_max_bytes = raw
     return DuplicatePolicy(on_duplicate, debounce_ms, debounce_max_ms, latest_max_bytes)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def planned_start(starts_at_ms: int | None) -> datetime | None:
+    """A planned start the store answered (ms since the epoch, its clock) as a UTC datetime,
+    to the millisecond: no other clock is read, so successive answers keep their order."""
+    return None if starts_at_ms is None else _EPOCH + timedelta(milliseconds=starts_at_ms)
 
 
 def encode_arguments(

@@ -52,12 +52,12 @@ import enum
 import logging
 import os
 from collections.abc import Mapping
-from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.dispatch import Signal
 
 from celery_unique import keyspace
+from celery_unique.duplicates import planned_start
 from celery_unique.receipt import DuplicateMatch
 from celery_unique.stores.base import Effect, Verdict
 
@@ -245,8 +245,8 @@ def emit_reused(task: Task[Any, Any], plan: Plan, decision: Decision) -> None:
     )
     if effect is Effect.RERUN_REQUESTED:
         _send(rerun_owed, task, task.app, "unique-rerun-owed", decision.job_id, fields)
-    elif effect is Effect.POSTPONED and decision.starts_in_ms is not None:
-        at = datetime.now(timezone.utc) + timedelta(milliseconds=decision.starts_in_ms)
+    elif effect is Effect.POSTPONED and decision.starts_at_ms is not None:
+        at = planned_start(decision.starts_at_ms)
         _send(
             postponed,
             task,

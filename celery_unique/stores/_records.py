@@ -18,7 +18,6 @@ from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDED_OVER_MARK,
     HANDING_OVER,
-    PASSED_ON_MARK,
     PASSED_ON_RUN,
     RUNNING,
     ActiveClaim,
@@ -59,7 +58,7 @@ class Record:
     handed_from: str | None = None
     #: What the job does with its duplicates: only a job that follows them takes any.
     on_duplicate: OnDuplicate = OnDuplicate.REUSE
-    #: The job owed a run once this one ends; ``PASSED_ON_MARK + j``: passed on by ``j``.
+    #: The job owed a run once this one ends (a caller's job id, nothing else).
     owed: str | None = None
     #: The latest duplicate's arguments, encoded (``latest``/``debounce``).
     arguments: str | None = None
@@ -70,6 +69,9 @@ class Record:
     #: ``run`` is vouched alive until then (its start, its worker's renewals), on the
     #: store's clock: no other delivery of the job takes the mark before.
     alive_until: int | None = None
+    #: The delivery of an ended job that passed the key on to this one, until it
+    #: starts: ``j + PASSED_ON_RUN + r`` (see :func:`passing_on`).
+    passed_on_by: str | None = None
 
     def run_alive(self, now: int) -> bool:
         """Whether a delivery still vouched alive marks the key (not one that handed it over)."""
@@ -97,15 +99,22 @@ class Record:
             since_ms=self.since,
             run=self.run,
             on_duplicate=self.on_duplicate,
-            owed=owed_run(self.owed),
+            owed=self.owed,
             arguments=self.arguments,
             starts_in_ms=None if self.due is None or self.due <= now else self.due - now,
         )
 
 
-def owed_run(owed: str | None) -> str | None:
-    """The job owed a run, from a record's field (``None`` once it was passed on)."""
-    return None if not owed or owed.startswith(PASSED_ON_MARK) else owed
+def carries_owed(record: Record) -> bool:
+    """Whether the run ``record`` owes came with the key from the running job that handed
+    it over (self-rescheduling): it follows this job's run, which keeps its own arguments.
+    """
+    return record.owed is not None and record.handed_from is not None
+
+
+def _planned_start(due: int | None, now: int, wall: int) -> int | None:
+    """A planned start on the store's clock, as ms since the epoch (``wall`` is ``now``)."""
+    return None if due is None else wall + due - now
 
 
 class _Unchanged(enum.Enum):
@@ -211,18 +220,26 @@ def _decide_one(
         followed = _follow_duplicate(claim, active, held, now)
         if followed is None:
             return Decision(Verdict.REUSED_ACTIVE, held.job_id), writes
-        effect, record, starts_in = followed
+        effect, record = followed
         writes[active.key] = record
+        starts_at = _planned_start(record.due, now, since) if effect is Effect.POSTPONED else None
         return Decision(
-            Verdict.REUSED_ACTIVE, held.job_id, effect=effect, starts_in_ms=starts_in
+            Verdict.REUSED_ACTIVE, held.job_id, effect=effect, starts_at_ms=starts_at
         ), writes
 
-    starts_in = None
+    due = None
     if active is not None:
-        due = cap = None
+        cap = owed = arguments = None
         if active.on_duplicate is OnDuplicate.DEBOUNCE and active.debounce_ms is not None:
-            due = starts_in = active.debounce_ms
-            cap = active.debounce_max_ms
+            due = now + active.debounce_ms
+            # Never before the first planned start (a countdown longer than the cap).
+            cap = None if active.debounce_max_ms is None else now + active.debounce_max_ms
+            cap = None if cap is None else max(cap, due)
+        follows = active.on_duplicate is not OnDuplicate.REUSE
+        if held is not None and held.owed is not None and follows:
+            # The running job hands its key to its successor: the run its duplicates are
+            # owed goes with the key, to follow the successor's run.
+            owed, arguments = held.owed, held.arguments
         writes[active.key] = Record(
             job_id=claim.job_id,
             task=claim.task,
@@ -232,15 +249,18 @@ def _decide_one(
             since=since,
             handed_from=held.job_id if held is not None else None,
             on_duplicate=active.on_duplicate,
-            due=None if due is None else now + due,
-            cap=None if cap is None else now + cap,
+            owed=owed,
+            arguments=arguments,
+            due=due,
+            cap=cap,
         )
-    return Decision(Verdict.CREATED, claim.job_id, starts_in_ms=starts_in), writes
+    starts_at = _planned_start(due, now, since)
+    return Decision(Verdict.CREATED, claim.job_id, starts_at_ms=starts_at), writes
 
 
 def _follow_duplicate(
     claim: Claim, active: ActiveClaim, held: Record, now: int
-) -> tuple[Effect, Record, int | None] | None:
+) -> tuple[Effect, Record] | None:
     """What a ``latest``/``debounce`` duplicate does to the job holding its key, if anything.
 
     Only an unfinished ``active``/``exists`` hold of the same task, whose own
@@ -257,17 +277,20 @@ def _follow_duplicate(
         or held.task != claim.task
     ):
         return None
-    if held.run is not None:
-        # It runs (or handed itself to a replacement): one run is owed after it,
-        # under the id of the first duplicate that asked for it.
-        owed = owed_run(held.owed) or claim.job_id
-        return Effect.RERUN_REQUESTED, replace(held, owed=owed, arguments=active.arguments), None
+    if held.run is not None or carries_owed(held):
+        # It runs (or handed itself to a replacement, or took over a run owed after
+        # the job that handed it the key): one run is owed after it, under the id of
+        # the first duplicate that asked for it.
+        owed = held.owed or claim.job_id
+        return Effect.RERUN_REQUESTED, replace(held, owed=owed, arguments=active.arguments)
     if (
         active.on_duplicate is OnDuplicate.DEBOUNCE
         and active.debounce_ms is not None
         and held.on_duplicate is OnDuplicate.DEBOUNCE
     ):
-        due = now + active.debounce_ms
+        # Never earlier than a start planned before: the message may not be received
+        # sooner (its countdown), and every receipt names a start that holds.
+        due = max(now + active.debounce_ms, held.due or 0)
         expires_at = held.expires_at
         if held.cap is not None:
             # Capped: the lease its creation set covers the latest start already, and
@@ -276,8 +299,8 @@ def _follow_duplicate(
         elif expires_at is not None and active.lease_ms is not None:
             expires_at = max(expires_at, now + active.lease_ms)
         record = replace(held, arguments=active.arguments, due=due, expires_at=expires_at)
-        return Effect.POSTPONED, record, due - now
-    return Effect.ARGUMENTS_REPLACED, replace(held, arguments=active.arguments), None
+        return Effect.POSTPONED, record
+    return Effect.ARGUMENTS_REPLACED, replace(held, arguments=active.arguments)
 
 
 def _hands_off(claim: Claim, held: Record | None) -> bool:
@@ -373,7 +396,11 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
             assert record.alive_until is not None
             outcome[:] = [RunBegun(busy_ms=record.alive_until - now)]
             return UNCHANGED
-        if start.follows_duplicates and record.arguments is not None:
+        # A run that follows its duplicates starts with the latest arguments: a run
+        # owed by an earlier duplicate is this one. Unless that run came with the key
+        # from the job that handed it over: it follows this run, which keeps its own.
+        carried = carries_owed(record)
+        if start.follows_duplicates and record.arguments is not None and not carried:
             outcome[:] = [RunBegun(arguments=record.arguments)]
         expires_at = record.expires_at
         if record.finished or (
@@ -382,9 +409,7 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
             and expires_at < now + start.lease_ms
         ):
             expires_at = _expiry(now, start.lease_ms)
-        # A run that follows its duplicates starts with the latest arguments: a run
-        # owed by an earlier duplicate is this one.
-        owed = None if start.follows_duplicates else owed_run(record.owed)
+        owed = record.owed if carried or not start.follows_duplicates else None
         return replace(
             record,
             finished=False,
@@ -393,37 +418,42 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
             alive_until=_expiry(now, start.alive_ms),
             due=None,
             owed=owed,
+            passed_on_by=None,
         )
 
     return change
 
 
 def passing_on(
-    job_id: str, run: str | None, lease_ms: int | None, outcome: list[FollowUp | None]
+    job_id: str,
+    run: str | None,
+    lease_ms: int | None,
+    outcome: list[FollowUp | None],
+    *,
+    release: Change | None = None,
 ) -> Change:
-    """Hand the key of ``job_id`` to the run it owes (see ``Store.pass_on``)."""
+    """Hand the key of ``job_id`` to the run it owes (see ``Store.pass_on``); with
+    ``release``, make that change instead when no run is owed (``pass_on_or_release``)."""
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         outcome[:] = [None]
         if record is None or not record.alive(now) or record.kind is not KeyKind.ACTIVE:
             return UNCHANGED
-        passed = PASSED_ON_MARK + job_id + PASSED_ON_RUN + (run or "")
-        if record.owed == passed:
+        passed = job_id + PASSED_ON_RUN + (run or "")
+        if record.passed_on_by == passed:
             outcome[:] = [FollowUp(record.job_id, record.arguments or "", record.task)]
             return UNCHANGED
-        owed = owed_run(record.owed)
-        if (
-            record.job_id != job_id
-            or record.finished
-            or owed is None
-            or not _run_may_end(record, run, now)
-        ):
+        if record.job_id != job_id or record.finished or not _run_may_end(record, run, now):
             return UNCHANGED
+        owed = record.owed
+        if owed is None:
+            return UNCHANGED if release is None else release(record, now)
         outcome[:] = [FollowUp(owed, record.arguments or "", record.task)]
         return replace(
             record,
             job_id=owed,
-            owed=passed,
+            owed=None,
+            passed_on_by=passed,
             run=None,
             alive_until=None,
             handed_from=None,
@@ -517,6 +547,14 @@ class RecordStore(Store):
         outcome: list[FollowUp | None] = [None]
         self._change([(key, passing_on(job_id, run, lease_ms, outcome))])
         return outcome[0]
+
+    def pass_on_or_release(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None, keep_ms: int | None
+    ) -> FollowUp | bool:
+        outcome: list[FollowUp | None] = [None]
+        ending = releasing(job_id, keep_ms, run)
+        changed = self._change([(key, passing_on(job_id, run, lease_ms, outcome, release=ending))])
+        return outcome[0] or changed[0]
 
     def rollback(self, claim: Claim) -> None:
         self.rollback_many([claim])

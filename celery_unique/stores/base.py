@@ -84,7 +84,8 @@ class ActiveClaim:
     on_duplicate: OnDuplicate = OnDuplicate.REUSE
     #: ``LATEST``/``DEBOUNCE``: the dispatch's arguments, encoded (opaque to the store).
     arguments: str | None = None
-    #: ``DEBOUNCE``: a job that has not started starts this long after the last duplicate...
+    #: ``DEBOUNCE``: a job that has not started starts this long after the last duplicate
+    #: (or after its creation: the dispatch's own countdown/eta, when that is later)...
     debounce_ms: int | None = None
     #: ...but never later than this long after the dispatch that created it (``None``: no cap).
     debounce_max_ms: int | None = None
@@ -141,7 +142,7 @@ class Effect(str, enum.Enum):
 
     #: The holder has not started: it will run with this dispatch's arguments.
     ARGUMENTS_REPLACED = "arguments_replaced"
-    #: The same, and its start moved later (:attr:`Decision.starts_in_ms`).
+    #: The same, and its start moved later (:attr:`Decision.starts_at_ms`).
     POSTPONED = "postponed"
     #: The holder runs: one run with this dispatch's arguments follows it.
     RERUN_REQUESTED = "rerun_requested"
@@ -155,8 +156,10 @@ class Decision:
     policy_drift: bool = False
     conflicting_job_ids: tuple[str, ...] = ()
     effect: Effect | None = None
-    #: ``debounce``: how long after the decision the job is planned to start.
-    starts_in_ms: int | None = None
+    #: ``debounce``: when the job is planned to start, ms since the epoch on the store's
+    #: clock (the start the store holds: never earlier than a previous answer's, and
+    #: exactly the cap once capped).
+    starts_at_ms: int | None = None
 
 
 #: ``Release.keep_ms`` of a run that ended while its job goes on (retried,
@@ -176,12 +179,11 @@ HANDING_OVER = -3
 HAND_OVER_UNDONE = -4
 #: How a key handed over by run ``r`` is marked: ``HANDED_OVER_MARK + r``.
 HANDED_OVER_MARK = "^"
-#: The owed-run field of a key passed on by job ``j`` to its follow-up, until that
-#: starts: ``PASSED_ON_MARK + j`` (see :meth:`Store.pass_on`).
-PASSED_ON_MARK = "<"
-#: Between the job and the delivery (run id) that passed its key on:
-#: ``PASSED_ON_MARK + j + PASSED_ON_RUN + r``. Only that delivery is answered again
-#: (a lost answer); a copy of the job delivered again passes nothing on.
+#: Between the job and the delivery (run id) that passed its key on, in the record's
+#: own passed-on field (never in a field that holds a caller's id): ``j + PASSED_ON_RUN
+#: + r``. A job id holds no control character, so the pair is read back exactly. Only
+#: that delivery is answered again (a lost answer); a copy of the job delivered again
+#: passes nothing on.
 PASSED_ON_RUN = "\x1e"
 
 
@@ -418,6 +420,25 @@ class Store(ABC):
         not the job's, or another delivery of the job runs now).
         """
         return None
+
+    def pass_on_or_release(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None, keep_ms: int | None
+    ) -> FollowUp | bool:
+        """End the hold of ``job_id`` on the active ``key`` (its run ``run`` ended for good)
+        in one step: hand the key to the run its duplicates are owed (returned, for the
+        caller to publish), or, none being owed, release it as :meth:`release_many` does
+        with ``keep_ms``: ``True`` if that changed the key.
+
+        The run's mark stays on the key until this step, so a duplicate decided before it
+        owes the run this step hands over, and one decided after it finds the key
+        released: no duplicate is told of a run nobody publishes. Stores override this to
+        make it one atomic step; asked again after it handed the key over, it names the
+        same job (an answer lost on the way).
+        """
+        follow = self.pass_on(job_id, key, run, lease_ms)
+        if follow is not None:
+            return follow
+        return self.release_many([Release(job_id, key, keep_ms, run)])[0]
 
     @abstractmethod
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:

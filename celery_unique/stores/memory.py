@@ -24,6 +24,9 @@ class MemoryStore(_records.RecordStore):
     def __init__(self) -> None:
         self._records: dict[str, _records.Record] = {}
         self._lock = threading.Lock()
+        # The wall clock, read as the monotonic one plus an offset fixed once: times
+        # told as dates (a planned start) then move exactly as the store's clock does.
+        self._epoch_ms = time.time_ns() // 1_000_000 - _now()
 
     @classmethod
     def from_url(cls, url: str) -> MemoryStore:
@@ -37,7 +40,7 @@ class MemoryStore(_records.RecordStore):
                 self._records.get,
                 _now(),
                 all_or_nothing=all_or_nothing,
-                wall=time.time_ns() // 1_000_000,
+                wall=_now() + self._epoch_ms,
             )
             self._apply(writes)
             return decisions

@@ -25,7 +25,7 @@ from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured, StoreRefused
 from celery_unique.keyspace import PREFIX, split_storage_key
 from celery_unique.masking import masked
-from celery_unique.stores._records import claim_keys, owed_run
+from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,
@@ -673,10 +673,15 @@ class RedisStore(Store):
         self, job_id: str, key: str, run: str | None, lease_ms: int | None
     ) -> FollowUp | None:
         reply = _text(self._call("pass_on", [key], [job_id, run or "", _ms(lease_ms)]))
-        if not reply:
-            return None
-        owed, task, arguments = reply.split(_US, 2)
-        return FollowUp(owed, arguments, task or split_storage_key(key)[2])
+        follow = _follow_up(key, reply)
+        return None if isinstance(follow, bool) else follow
+
+    def pass_on_or_release(
+        self, job_id: str, key: str, run: str | None, lease_ms: int | None, keep_ms: int | None
+    ) -> FollowUp | bool:
+        keep = "" if keep_ms is None else keep_ms
+        args = [job_id, run or "", _ms(lease_ms), "1", keep]
+        return _follow_up(key, _text(self._call("pass_on", [key], args)))
 
     def renew(self, job_id: str, keys: Sequence[str], lease_ms: int) -> int:
         return self.renew_many([Hold(job_id, key) for key in keys], lease_ms)
@@ -1086,13 +1091,13 @@ def _decision(result: str) -> Decision:
     decided = _VERDICTS[verdict]
     if decided.failed:
         return Decision(decided, job_id, policy_drift=drift == "1", conflicting_job_ids=tuple(rest))
-    effect, starts_in = ([*rest, "", ""])[:2]
+    effect, starts_at = ([*rest, "", ""])[:2]
     return Decision(
         decided,
         job_id,
         policy_drift=drift == "1",
         effect=Effect(effect) if effect else None,
-        starts_in_ms=int(starts_in) if starts_in else None,
+        starts_at_ms=int(starts_at) if starts_at else None,
     )
 
 
@@ -1105,6 +1110,14 @@ def _stored_task(claim: Claim) -> str:
     if all(split_storage_key(key)[2] == claim.task for key in claim_keys(claim)):
         return ""
     return claim.task
+
+
+def _follow_up(key: str, reply: str) -> FollowUp | bool:
+    """pass_on.lua's reply: the owed run it handed the key to, or whether it ended the hold."""
+    if reply in ("", _RS):
+        return reply == _RS
+    owed, task, arguments = reply.split(_US, 2)
+    return FollowUp(owed, arguments, task or split_storage_key(key)[2])
 
 
 def _held(key: str, value: bytes, ttl: int) -> HeldKey:
@@ -1126,7 +1139,7 @@ def _held(key: str, value: bytes, ttl: int) -> HeldKey:
         since_ms=int(since) if since else None,
         run=run or None,
         on_duplicate=_FOLLOWS.get(follows, OnDuplicate.REUSE),
-        owed=owed_run(owed),
+        owed=owed or None,
         arguments=arguments or None,
         starts_in_ms=_starts_in(due),
     )

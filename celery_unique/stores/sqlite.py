@@ -42,13 +42,14 @@ CREATE TABLE IF NOT EXISTS celery_unique_keys (
     arguments TEXT,
     due INTEGER,
     cap INTEGER,
-    alive_until INTEGER
+    alive_until INTEGER,
+    passed_on_by TEXT
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS celery_unique_keys_expires ON celery_unique_keys (expires_at);
 """
 _COLUMNS = (
     "key, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, "
-    "run, handed_from, on_duplicate, owed, arguments, due, cap, alive_until"
+    "run, handed_from, on_duplicate, owed, arguments, due, cap, alive_until, passed_on_by"
 )
 #: Columns a file made by an earlier version may lack, with their types.
 _LATER_COLUMNS = {
@@ -61,6 +62,7 @@ _LATER_COLUMNS = {
     "due": "INTEGER",
     "cap": "INTEGER",
     "alive_until": "INTEGER",
+    "passed_on_by": "TEXT",
 }
 #: Expired rows are swept at most this often, so decisions stay one short transaction.
 _SWEEP_EVERY_MS = 30_000
@@ -84,6 +86,7 @@ Row = tuple[
     "int | None",
     "int | None",
     "int | None",
+    "str | None",
 ]
 
 
@@ -93,9 +96,9 @@ def _now() -> int:
 
 def _record(row: Row) -> _records.Record:
     _, kind, job_id, task, scope, finished, expires_at, fingerprint, policy, since, *rest = row
-    run, handed, follows, owed, arguments, due, cap, alive_until = cast(
+    run, handed, follows, owed, arguments, due, cap, alive_until, passed_on_by = cast(
         "tuple[str | None, str | None, str | None, str | None, str | None, int | None, "
-        "int | None, int | None]",
+        "int | None, int | None, str | None]",
         tuple(rest),
     )
     return _records.Record(
@@ -116,6 +119,7 @@ def _record(row: Row) -> _records.Record:
         due=due,
         cap=cap,
         alive_until=alive_until,
+        passed_on_by=passed_on_by,
     )
 
 
@@ -261,6 +265,7 @@ class SQLiteStore(_records.RecordStore):
                 r.due,
                 r.cap,
                 r.alive_until,
+                r.passed_on_by,
             )
             for key, r in writes.items()
             if r is not None

@@ -259,12 +259,17 @@ class Fate:
             self._release_own(finished=True)
         # The end of the run goes first, and goes even if the release never does
         # (an acknowledgement that failed): a copy of the message the broker
-        # delivers again must not find the key marked by a run that is over.
+        # delivers again must not find the key marked by a run that is over. Not for
+        # a job that follows its duplicates: until its hold ends, in the step that
+        # hands the key to the run they are owed, a duplicate must find it running
+        # and owe that run (one told its arguments wait for a start would be lost).
+        follows = finished and bool(self.header.get("p"))
         ended: list[Release] = []
         if finished and self.ran:
             hold = hold._replace(run=self.run)
             if self.run is not None:
-                ended = self._run_writes(hold.key, *self._undo_hand_over(), GOES_ON)
+                end = () if follows else (GOES_ON,)
+                ended = self._run_writes(hold.key, *self._undo_hand_over(), *end)
         app, job_id = self.app, self.job_id
         rt = runtime(app)
         reason = ReleaseReason.FINISHED if finished else ReleaseReason.STARTED
@@ -293,13 +298,14 @@ class Fate:
                 )
 
         message = self.message if finished else None
-        passes_on = None
-        if finished and self.header.get("p"):
+        passer = None
+        if follows:
             # latest/debounce: a run owed by duplicates takes the key over first, without
             # waiting for kombu to confirm the acknowledgement: should the message come
             # back, its copy finds the key another job's and does not run, while a
-            # worker that died waiting would have lost the run owed.
-            passes_on = follow_up.passer(app, job_id, self.header, hold.run, message, self.task)
+            # worker that died waiting would have lost the run owed. The hold ends
+            # later, handing the key to a run owed by then, or releasing it.
+            passer = follow_up.Passer(app, hold, self.header, message, self.task)
         cleanup.release(
             rt.store,
             hold,
@@ -308,7 +314,8 @@ class Fate:
             after_exit_of=self.pool_child if finished else None,
             after=None if message is None else forgotten_within(message, ACK_WAIT_S),
             first=ended,
-            before=passes_on,
+            before=None if passer is None else passer.pass_on,
+            ending=None if passer is None else passer.end,
         )
 
     def _waits_for_an_earlier_run(self) -> bool:

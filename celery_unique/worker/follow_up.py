@@ -9,21 +9,27 @@ the key) and publishes it, with the latest arguments, to the queue the job
 came from. The run is always the ended job's own task, never one the store
 names, and its arguments run only if their signature holds
 (:mod:`celery_unique.signing`): a run whose record fails the check is logged,
-not published, and its key freed. Only then is the job's own release sent: it finds the key moved on
-and leaves it. The first step does not wait, as the release does, for kombu
-to confirm the job's acknowledgement: a copy of the message the broker
-delivers again finds the key the owed run's and does not run.
+not published, and its key freed. That step does not wait, as the release
+does, for kombu to confirm the job's acknowledgement: a copy of the message
+the broker delivers again finds the key the owed run's and does not run.
 
-Both steps are retried in the background until they succeed, within the
-key's lease: asked again, the store names the same owed run, so a publish that
-failed is tried again rather than lost. A worker that dies between the two
-steps leaves the key with a job that was never published: its lease frees it.
+The run's mark stays on the key until the hold ends, so a duplicate that comes
+after that first step still finds the job running and owes a run. The hold
+then ends in one atomic step too
+(:meth:`~celery_unique.stores.base.Store.pass_on_or_release`): the key goes to
+the run owed by then, published as above, or, none being owed, is released.
+No duplicate is told of a run that nobody publishes.
+
+Each step is retried in the background until it succeeds, within the key's
+lease: asked again, the store names the same owed run, so a publish that
+failed is tried again rather than lost. A worker that dies between handing
+the key over and publishing leaves the key with a job that was never
+published: its lease frees it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from celery_unique import resend, signals
@@ -36,27 +42,58 @@ from celery_unique.stores.base import FollowUp, Release
 logger = logging.getLogger("celery_unique")
 
 
-def passer(
-    app: Any, job_id: str, header: KeyHeader, run: str | None, message: Any, task: str | None
-) -> Callable[[], None]:
-    """What passes the key of ``job_id`` (whose delivery ``run`` of ``task`` ended for
-    good) to its owed run, and publishes that run; raises (to be retried) while either
-    fails."""
+class Passer:
+    """Hands the key of ``hold.job_id`` (whose delivery ``hold.run`` of ``task`` ended for
+    good) to its owed run and publishes that run; each step raises (to be retried) while
+    it fails."""
 
-    def pass_on() -> None:
-        rt = runtime(app)
-        owed = rt.store.pass_on(job_id, header["a"], run, rt.lease_ms)
-        if owed is None:
-            return
-        follows = _own_task(app, header, task)
+    def __init__(
+        self, app: Any, hold: Release, header: KeyHeader, message: Any, task: str | None
+    ) -> None:
+        self.app, self.hold, self.header, self.message, self.task = (
+            app,
+            hold,
+            header,
+            message,
+            task,
+        )
+        #: The key went to the owed run, which was published (or refused).
+        self.handed = False
+
+    def pass_on(self) -> None:
+        """The run owed so far takes the key (nothing changes when none is)."""
+        rt = runtime(self.app)
+        hold = self.hold
+        owed = rt.store.pass_on(hold.job_id, hold.key, hold.run, rt.lease_ms)
+        if owed is not None:
+            self._follow(owed)
+
+    def end(self) -> bool:
+        """End the hold: the run owed by now takes the key, or the key is released as
+        ``hold`` says; whether the release changed the key."""
+        if self.handed:
+            return False  # the key is the owed run's: nothing of this job's is left
+        rt = runtime(self.app)
+        hold = self.hold
+        ended = rt.store.pass_on_or_release(
+            hold.job_id, hold.key, hold.run, rt.lease_ms, hold.keep_ms
+        )
+        if isinstance(ended, FollowUp):
+            self._follow(ended)
+            return False
+        return ended
+
+    def _follow(self, owed: FollowUp) -> None:
+        rt = runtime(self.app)
+        job_id, key = self.hold.job_id, self.hold.key
+        follows = _own_task(self.app, self.header, self.task)
         try:
-            args, kwargs = _arguments(follows, owed, header["a"], rt.signing_key)
+            arguments = _arguments(follows, owed, key, rt.signing_key)
         except RefusedArguments as refused:
-            _refuse(rt, job_id, header["a"], owed, refused)
-            return
-        _publish(follows, job_id, header, owed, (args, kwargs), message)
-
-    return pass_on
+            _refuse(rt, job_id, key, owed, refused)
+        else:
+            _publish(follows, job_id, self.header, owed, arguments, self.message)
+        self.handed = True
 
 
 def _own_task(app: Any, header: KeyHeader, task: str | None) -> Any:

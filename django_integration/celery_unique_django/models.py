@@ -130,6 +130,11 @@ class UniqueKey(models.Model):
         blank=True,
         help_text="Until when the running delivery is vouched alive by its worker.",
     )
+    passed_on_by: models.TextField[str | None, str | None] = models.TextField(
+        null=True,
+        blank=True,
+        help_text="The ended job's delivery that passed the key on, until this one starts.",
+    )
 
     class Meta:
         db_table = "celery_unique_key"
@@ -174,6 +179,7 @@ class UniqueKey(models.Model):
             due=self.due,
             cap=self.cap,
             alive_until=self.alive_until,
+            passed_on_by=self.passed_on_by,
         )
 
     def assign(self, record: Record) -> None:
@@ -195,6 +201,7 @@ class UniqueKey(models.Model):
         self.due = record.due
         self.cap = record.cap
         self.alive_until = record.alive_until
+        self.passed_on_by = record.passed_on_by
 
     @property
     def expires(self) -> datetime | None:
@@ -223,6 +230,7 @@ RECORD_FIELDS = [
     "due",
     "cap",
     "alive_until",
+    "passed_on_by",
 ]
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,
@@ -24,6 +26,12 @@ from celery_unique.stores.base import (
 
 A = "unique:v1:{ns}:a:tasks.reindex\x1fcustomer:42"
 LONG = 60_000
+#: A store's clock read as ms since the epoch may round the other way than this host's.
+CLOCK_SLACK_MS = 1
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def claim(
@@ -135,7 +143,7 @@ def test_a_run_that_starts_after_the_duplicate_is_the_run_it_was_owed(store: Sto
 def test_only_a_debounced_job_is_postponed_and_its_cap_bounds_its_lease(store: Store) -> None:
     store.decide([claim("j1", "args-1")])  # latest: no planned start to move
     plain = store.decide([claim("d1", "args-2", OnDuplicate.DEBOUNCE, debounce=400)])[0]
-    assert (plain.effect, plain.starts_in_ms) == (Effect.ARGUMENTS_REPLACED, None)
+    assert (plain.effect, plain.starts_at_ms) == (Effect.ARGUMENTS_REPLACED, None)
     B = A + "-b"
     debounced = Claim(
         "j2",
@@ -175,10 +183,15 @@ def test_a_follow_up_that_could_not_be_published_gives_the_key_back(store: Store
 def test_debounce_plans_the_start_and_each_duplicate_moves_it_up_to_the_cap(store: Store) -> None:
     # Timings with slack for a loaded database server: each step below may take
     # a few hundred milliseconds, and the planned start must not pass meanwhile.
+    before = now_ms()
     created = store.decide(
         [claim("j1", "args-1", OnDuplicate.DEBOUNCE, debounce=1200, debounce_max=1800)]
     )[0]
-    assert (created.verdict, created.starts_in_ms) == (Verdict.CREATED, 1200)
+    assert created.verdict is Verdict.CREATED
+    assert created.starts_at_ms is not None
+    assert (
+        before + 1200 - CLOCK_SLACK_MS <= created.starts_at_ms <= now_ms() + 1200 + CLOCK_SLACK_MS
+    )
     early = begin(store, "j1", "r0")
     assert early.wait_ms is not None
     assert 0 < early.wait_ms <= 1200
@@ -188,14 +201,15 @@ def test_debounce_plans_the_start_and_each_duplicate_moves_it_up_to_the_cap(stor
     moved = store.decide([claim("d1", "args-2", OnDuplicate.DEBOUNCE, debounce=1200)])[0]
     assert moved.effect is Effect.POSTPONED
     # 1200 ms after the duplicate would be 2100 ms after the first dispatch: capped at 1800.
-    assert moved.starts_in_ms is not None
-    assert 0 < moved.starts_in_ms <= 900
+    assert moved.starts_at_ms is not None
+    starts_in = moved.starts_at_ms - now_ms()
+    assert 0 < starts_in <= 900 + CLOCK_SLACK_MS
     held = store.get(A)
     assert held is not None
     assert held.starts_in_ms is not None
     assert held.starts_in_ms <= 900
 
-    time.sleep(moved.starts_in_ms / 1000 + 0.05)
+    time.sleep(starts_in / 1000 + 0.05)
     begun = begin(store, "j1", "r1")
     assert (begun.wait_ms, begun.arguments) == (None, "args-2")
     held = store.get(A)
@@ -253,3 +267,142 @@ def test_only_an_unfinished_hold_of_the_same_task_follows(store: Store) -> None:
     store.release_many([Release("j1", A, LONG, "r1")])
     finished = store.decide([claim("d3", "args-4", scope=Scope.EXISTS)])[0]
     assert (finished.job_id, finished.effect) == ("j1", None)
+
+
+def test_a_duplicate_after_the_run_ended_is_owed_the_run_the_end_of_the_hold_hands_over(
+    store: Store,
+) -> None:
+    """The run's mark stays until the hold ends: a duplicate between the first hand-over
+    step (nothing owed yet) and the end of the hold owes the run that end hands over."""
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    assert store.pass_on("j1", A, "r1", LONG) is None  # nothing owed when the run ended
+    late = store.decide([claim("d1", "args-2")])[0]
+    assert (late.job_id, late.effect) == ("j1", Effect.RERUN_REQUESTED)
+    assert store.pass_on_or_release("j1", A, "r1", LONG, 0) == FollowUp(
+        "d1", "args-2", "tasks.reindex"
+    )
+    # Asked again (its answer lost): the same run; a copy of j1 gets nothing.
+    assert store.pass_on_or_release("j1", A, "r1", LONG, 0) == FollowUp(
+        "d1", "args-2", "tasks.reindex"
+    )
+    assert store.pass_on_or_release("j1", A, "r1-copy", LONG, 0) is False
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run, held.owed) == ("d1", None, None)
+    assert begin(store, "d1", "r2").arguments == "args-2"
+
+
+@pytest.mark.parametrize(("scope", "kept"), [(Scope.ACTIVE, False), (Scope.EXISTS, True)])
+def test_the_end_of_a_hold_that_owes_nothing_releases_it_as_its_scope_says(
+    store: Store, scope: Scope, kept: bool
+) -> None:
+    store.decide([claim("j1", "args-1", scope=scope)])
+    store.begin_run("j1", A, RunStart("r1", scope, "tasks.reindex", LONG, follows_duplicates=True))
+    keep = LONG if kept else 0
+    assert store.pass_on_or_release("j1", A, "r1", LONG, keep) is True
+    assert store.pass_on_or_release("j1", A, "r1", LONG, keep) is False  # once
+    held = store.get(A)
+    if kept:
+        assert held is not None
+        assert (held.job_id, held.finished, held.run) == ("j1", True, None)
+        after = store.decide([claim("d1", "args-2", scope=scope)])[0]
+        assert (after.job_id, after.effect) == ("j1", None)  # finished: reused as it is
+    else:
+        assert held is None
+        assert store.decide([claim("d1", "args-2")])[0].verdict is Verdict.CREATED
+
+
+def test_a_successor_the_running_job_hands_its_key_to_keeps_the_run_owed(store: Store) -> None:
+    """Self-rescheduling: the run owed to a duplicate goes with the key to the successor,
+    which runs with its own arguments; the owed run follows it, with the latest ones."""
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    assert store.decide([claim("d1", "args-2")])[0].effect is Effect.RERUN_REQUESTED
+    successor = Claim(
+        "k1",
+        "tasks.reindex",
+        ActiveClaim(A, Scope.ACTIVE, LONG, OnDuplicate.LATEST, "next-page"),
+        handoff_from="j1",
+    )
+    assert store.decide([successor])[0].verdict is Verdict.CREATED
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.owed, held.arguments) == ("k1", "d1", "args-2")
+    # A duplicate while the successor waits adds to the run owed after it.
+    waiting = store.decide([claim("d2", "args-3")])[0]
+    assert (waiting.job_id, waiting.effect) == ("k1", Effect.RERUN_REQUESTED)
+    assert begin(store, "k1", "r2").arguments is None  # its own arguments
+    # The job that handed its key over ends: nothing of the key is its to pass on.
+    assert store.pass_on_or_release("j1", A, "r1", LONG, 0) is False
+    assert store.pass_on_or_release("k1", A, "r2", LONG, 0) == FollowUp(
+        "d1", "args-3", "tasks.reindex"
+    )
+    assert begin(store, "d1", "r3").arguments == "args-3"
+
+
+#: Job ids a caller may choose that look like what a store might use as a marker.
+ODD_IDS = ["<d1", "<", "^d1", "-", "+", "v", "d1<j1", "\u00e9<\u2603"]
+
+
+@pytest.mark.parametrize("owed", ODD_IDS)
+def test_any_job_id_is_owed_and_handed_its_run_exactly(store: Store, owed: str) -> None:
+    store.decide([claim("j1", "args-1")])
+    begin(store, "j1", "r1")
+    assert store.decide([claim(owed, "args-2")])[0].effect is Effect.RERUN_REQUESTED
+    held = store.get(A)
+    assert held is not None
+    assert held.owed == owed
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp(owed, "args-2", "tasks.reindex")
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp(owed, "args-2", "tasks.reindex")
+    assert store.pass_on("j1", A, "r1-copy", LONG) is None
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.owed) == (owed, None)
+    begun = begin(store, owed, "r2")
+    assert (begun.holder, begun.arguments) == (None, "args-2")
+    assert store.pass_on("j1", A, "r1", LONG) is None  # the owed run started
+
+
+@pytest.mark.parametrize("holder", ODD_IDS)
+def test_any_job_id_passes_its_key_on_exactly(store: Store, holder: str) -> None:
+    store.decide([claim(holder, "args-1")])
+    begin(store, holder, "r1")
+    store.decide([claim("d1", "args-2")])
+    assert store.pass_on(holder, A, "r1", LONG) == FollowUp("d1", "args-2", "tasks.reindex")
+    assert store.pass_on(holder, A, "r1", LONG) == FollowUp("d1", "args-2", "tasks.reindex")
+    assert begin(store, holder, "r9").holder == "d1"  # a copy of it is stale
+
+
+def test_debounce_planned_starts_never_go_back_and_stop_exactly_at_the_cap(store: Store) -> None:
+    created = store.decide(
+        [claim("j1", "a0", OnDuplicate.DEBOUNCE, debounce=100, debounce_max=300)]
+    )[0]
+    assert created.starts_at_ms is not None
+    cap = created.starts_at_ms - 100 + 300
+    planned = [created.starts_at_ms]
+    deadline = time.monotonic() + 10
+    while planned.count(cap) < 3 and time.monotonic() < deadline:
+        moved = store.decide(
+            [claim("d", "a", OnDuplicate.DEBOUNCE, debounce=100, debounce_max=300)]
+        )[0]
+        assert moved.effect is Effect.POSTPONED
+        assert moved.starts_at_ms is not None
+        planned.append(moved.starts_at_ms)
+        time.sleep(0.01)
+    assert planned == sorted(planned)
+    # Every capped receipt names the cap, to the millisecond.
+    assert planned[-3:] == [cap] * 3
+
+
+def test_a_debounced_start_planned_later_is_never_moved_earlier(store: Store) -> None:
+    """A job published with a countdown longer than its debounce starts no sooner: a
+    duplicate with the plain debounce is told that start, not one before it."""
+    created = store.decide(
+        [claim("j1", "a0", OnDuplicate.DEBOUNCE, debounce=5_000, debounce_max=8_000)]
+    )[0]
+    duplicate = store.decide(
+        [claim("d1", "a1", OnDuplicate.DEBOUNCE, debounce=3_000, debounce_max=8_000)]
+    )[0]
+    assert duplicate.effect is Effect.POSTPONED
+    assert duplicate.starts_at_ms == created.starts_at_ms

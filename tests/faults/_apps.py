@@ -247,10 +247,13 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
         hold_s: float = 0.0,
         retry_once: bool = False,
         until_let_go: bool = False,
+        successor: int | None = None,
     ) -> int:
         """Note the start (``follow_started``), hold (``until_let_go``: until the test sets
         ``let_go``), then record ``[job id, version, start ns, end ns]`` of the run
-        (``follow``)."""
+        (``follow``). With ``successor``, first dispatch the next job of the customer, at
+        that version (a job that re-enqueues itself), noting its disposition
+        (``successors``)."""
         start = time.monotonic_ns()
         marks = marks_client(spec.marks_url)
         marks.rpush(f"{spec.marks}:follow_started", self.request.id)
@@ -262,6 +265,9 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
             time.sleep(0.05)
         if retry_once and not self.request.retries:
             raise self.retry(countdown=0.1)
+        if successor is not None:
+            sent = self.apply_async(kwargs={"customer": customer, "version": successor})
+            marks.rpush(f"{spec.marks}:successors", sent.disposition.value)
         record = [self.request.id, version, start, time.monotonic_ns()]
         marks.rpush(f"{spec.marks}:follow", json.dumps(record))
         return version

@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 
 from celery_unique import Disposition
+from tests.faultproxy import FaultProxy
 from tests.spawned import run_in_processes
 
 from ._apps import FOLLOW, Spec
 from .conftest import Worker, eventually, follow_runs, job_key, open_store, producer, task_of
+from .test_worker_store_faults import worker_spec
 
 pytestmark = pytest.mark.slow
 
@@ -179,3 +181,58 @@ def test_a_retry_after_the_duplicate_is_the_run_it_was_owed(
         assert [(job, version) for job, version, *_ in done] == [(first.id, 1)]
         with open_store(spec.store_url) as store:
             eventually(lambda: store.get(job_key(spec, "customer:3", FOLLOW)) is None)
+
+
+def test_a_duplicate_after_the_run_ended_and_before_the_key_is_freed_is_run(
+    make_spec: Callable[..., Spec],
+    start_worker: Callable[..., Worker],
+    marks: Any,
+    proxy: FaultProxy,
+) -> None:
+    """The worker's store replies are held 0.5 s, so the end of the hold is sent at least
+    that long after the run ended: a duplicate in between is run, with its arguments."""
+    working, producing = worker_spec(make_spec, proxy)
+    start_worker(working)
+    with producer(producing) as app:
+        follow = task_of(app, FOLLOW)
+        first = follow.delay(customer=12, version=0, until_let_go=True)
+        eventually(lambda: marks.llen(f"{producing.marks}:follow_started"), what="the first run")
+        proxy.delay_replies(0.5)
+        marks.set(f"{producing.marks}:let_go", 1)
+        eventually(lambda: follow_runs(marks, producing), what="the first run to end")
+        # The worker's writes for the end of the run reach the store at once; only
+        # their replies are held, so its next step is at least 0.5 s away.
+        time.sleep(0.2)
+        late = follow.delay(customer=12, version=1)
+        assert late.id == first.id or late.disposition is Disposition.CREATED
+        proxy.delay_replies(0)
+
+        done = settled_runs(marks, producing, 2)
+        assert [version for _, version, *_ in done] == [0, 1], (late.disposition, done)
+        with open_store(producing.store_url) as store:
+            eventually(lambda: store.get(job_key(producing, "customer:12", FOLLOW)) is None)
+
+
+def test_a_job_that_re_enqueues_itself_keeps_the_run_owed_to_a_duplicate(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """The running job is owed a run, then dispatches its successor with the same key (the
+    key is handed over): the successor runs with its own arguments, the owed run after it
+    with the duplicate's."""
+    spec = make_spec()
+    start_worker(spec)
+    with producer(spec) as app:
+        follow = task_of(app, FOLLOW)
+        first = follow.delay(customer=13, version=0, until_let_go=True, successor=1)
+        eventually(lambda: marks.llen(f"{spec.marks}:follow_started"), what="the first run")
+        assert follow.delay(customer=13, version=2).rerun_requested
+        marks.set(f"{spec.marks}:let_go", 1)
+
+        done = settled_runs(marks, spec, 3)
+        assert marks.lrange(f"{spec.marks}:successors", 0, -1) == [b"created"]
+        assert [version for _, version, *_ in done] == [0, 1, 2], done
+        (job_1, *_), (_, _, _, end_2), (_, _, start_3, _) = done
+        assert job_1 == first.id
+        assert start_3 > end_2  # the owed run follows the successor
+        with open_store(spec.store_url) as store:
+            eventually(lambda: store.get(job_key(spec, "customer:13", FOLLOW)) is None)

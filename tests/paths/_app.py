@@ -439,6 +439,10 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
     task("killed", hang_first)
     task("killed_requeue", hang_first, acks_late=True, reject_on_worker_lost=True)
     task("killed_retry", hang_first, retry_on_worker_lost=True, default_retry_delay=WORK_S)
+    task("latest", work)
+    task("latest_retry", retrying_once(WORK_S))
+    task("latest_killed", hang_first)
+    task("debounce", work)
     task("probe", work)
     task("slow", slow)
     if producer:

@@ -8,6 +8,7 @@ The worker's side is proved on a real prefork worker in
 from __future__ import annotations
 
 import itertools
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -27,6 +28,8 @@ from celery_unique.config import runtime
 from celery_unique.duplicates import decode_arguments, encode_arguments
 
 _names = itertools.count()
+#: A planned start is told to the millisecond (the store's clock, read in whole ms).
+MS = timedelta(milliseconds=1)
 
 
 def define(app: Celery, **options: Any) -> Any:
@@ -152,6 +155,39 @@ def test_receipts_say_what_a_duplicate_did(app: Celery) -> None:
     assert (moved.id, moved.arguments_replaced) == (debounced.id, True)
     assert moved.postponed_to is not None
     assert moved.postponed_to >= debounced.postponed_to
+
+
+@pytest.mark.parametrize("wait", ["countdown", "eta"])
+def test_a_debounced_job_sent_for_later_is_planned_for_then(
+    app: Celery, published: list[dict[str, Any]], wait: str
+) -> None:
+    """A countdown/eta longer than the debounce is the planned start: the created receipt
+    names it, and a duplicate with the plain debounce is told that start, not an earlier."""
+    job = define(app, unique_on_duplicate="debounce", unique_debounce=3)
+    before = datetime.now(timezone.utc)
+    later = {"countdown": 5} if wait == "countdown" else {"eta": before + timedelta(seconds=5)}
+    first = job.apply_async(kwargs={"customer": 8}, **later)
+    assert first.postponed_to is not None
+    assert before + timedelta(seconds=5) - MS <= first.postponed_to
+    assert first.postponed_to <= datetime.now(timezone.utc) + timedelta(seconds=5) + MS
+    assert datetime.fromisoformat(published[0]["eta"]) >= before + timedelta(seconds=5) - MS
+    duplicate = job.delay(customer=8, note="newer")
+    assert (duplicate.id, duplicate.arguments_replaced) == (first.id, True)
+    assert duplicate.postponed_to == first.postponed_to
+
+
+def test_postponed_to_never_goes_back_and_is_exactly_the_cap_once_capped(app: Celery) -> None:
+    job = define(app, unique_on_duplicate="debounce", unique_debounce=0.05, unique_debounce_max=0.1)
+    first = job.delay(customer=9)
+    told = [first.postponed_to]
+    for _ in range(200):
+        told.append(job.delay(customer=9).postponed_to)
+        if told[-3:].count(told[-1]) == 3:
+            break
+        time.sleep(0.005)
+    assert told == sorted(told)
+    assert first.postponed_to is not None
+    assert told[-3:] == [first.postponed_to + timedelta(seconds=0.05)] * 3
 
 
 def test_stored_arguments_read_back_as_sent(app: Celery) -> None:

@@ -6,7 +6,7 @@
 --   <prefix>:v1:{ns}:w:<scope><US><key>   window key      (string)
 -- (<US> is the 0x1F unit separator; <scope> is a task name or empty.)
 --
--- Value: fifteen fields joined by 0x1F (values written by earlier versions have
+-- Value: sixteen fields joined by 0x1F (values written by earlier versions have
 -- fewer, and read with the missing ones empty):
 --   kind      "q" | "a" | "e" (active key held for scope queued/active/exists) or "w" (window)
 --   finished  "1" once an exists-scope job has finished and the key only waits out retention
@@ -20,22 +20,24 @@
 --   from      active keys: the running job that handed the key over to this one; ""
 --   follows   active keys: "l" | "d" when the job's dispatch chose latest | debounce,
 --             so that its duplicates change it; ""
---   owed      active keys (latest/debounce): the job owed a run once this one ends;
---             "<" .. j .. "\30" .. r once the delivery r of job j passed the key on
---             to it, until it starts; ""
+--   owed      active keys (latest/debounce): the job owed a run once this one ends
+--             (a caller's job id, nothing else); ""
 --   args      active keys (latest/debounce): the latest duplicate's arguments
 --             (encoded by the client, base64: never a 0x1F); ""
 --   due       active keys (debounce): the planned start, ms since the epoch; ""
 --   cap       active keys (debounce): the latest planned start allowed; ""
 --   alive     active keys: until when `run` is vouched alive by its worker (its
 --             start, its renewals), ms since the epoch; ""
+--   passed    active keys (latest/debounce): j .. "\30" .. r once the delivery r of
+--             the ended job j passed the key on to this one, until it starts (a job
+--             id holds no control character); ""
 -- Expiry is the key's own TTL, so time is always the server's clock.
 
 local US = "\31"
 
--- One match for all fifteen fields (a missing trailing field matches as ""): splitting
+-- One match for all sixteen fields (a missing trailing field matches as ""): splitting
 -- field by field costs more Lua time than the rest of a decision.
-local RECORD = "^([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)"
+local RECORD = "^([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)\31?([^\31]*)"
 
 -- A record's job field alone (RECORD's third capture).
 local JOB = "^[^\31]*\31?[^\31]*\31?([^\31]*)"
@@ -43,10 +45,10 @@ local JOB = "^[^\31]*\31?[^\31]*\31?([^\31]*)"
 local function decode(value)
   if not value then return nil end
   local kind, finished, job, task, fp, policy, since, run, from, follows, owed, args, due,
-        cap, alive = string.match(value, RECORD)
+        cap, alive, passed = string.match(value, RECORD)
   return {kind = kind, finished = finished, job = job, task = task, fp = fp, policy = policy,
           since = since, run = run, from = from, follows = follows, owed = owed, args = args,
-          due = due, cap = cap, alive = alive}
+          due = due, cap = cap, alive = alive, passed = passed}
 end
 
 local function encode(r)
@@ -54,9 +56,12 @@ local function encode(r)
   local head = r.kind .. US .. r.finished .. US .. r.job .. US .. r.task .. US .. r.fp .. US
     .. r.policy .. US .. (r.since or "") .. US .. (r.run or "") .. US .. (r.from or "")
   local follows, owed, args = r.follows or "", r.owed or "", r.args or ""
-  local due, cap, alive = r.due or "", r.cap or "", r.alive or ""
+  local due, cap, alive, passed = r.due or "", r.cap or "", r.alive or "", r.passed or ""
   -- Trailing empty fields are left out: most keys stay nine fields.
-  if alive ~= "" then
+  if passed ~= "" then
+    return head .. US .. follows .. US .. owed .. US .. args .. US .. due .. US .. cap .. US
+      .. alive .. US .. passed
+  elseif alive ~= "" then
     return head .. US .. follows .. US .. owed .. US .. args .. US .. due .. US .. cap .. US .. alive
   elseif cap ~= "" then
     return head .. US .. follows .. US .. owed .. US .. args .. US .. due .. US .. cap
@@ -72,10 +77,10 @@ local function encode(r)
   return head
 end
 
--- The job owed a run, from a record's field ("" once it was passed on).
-local function owed_run(owed)
-  if owed == nil or owed == "" or string.sub(owed, 1, 1) == "<" then return "" end
-  return owed
+-- Whether the run r owes came with the key from the running job that handed it over
+-- (self-rescheduling): it follows this job's run, which keeps its own arguments.
+local function carries_owed(r)
+  return r.owed ~= "" and r.from ~= ""
 end
 
 -- Whether a delivery of the job that its worker still vouches alive marks r (not

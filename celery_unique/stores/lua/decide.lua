@@ -20,7 +20,8 @@
 -- Returns: one string, a result per claim decided, results joined by 0x1E, each
 --   result's fields joined by 0x1F: verdict, job_id, drift "1"|"0", then
 --   conflicting ids... for a conflict; else effect ("" none | "arguments_replaced"
---   | "postponed" | "rerun_requested"), ms until the planned start ("" none).
+--   | "postponed" | "rerun_requested"), the planned start ("" none): ms since the
+--   epoch, the server's clock.
 --   verdict: "created" | "reused_active" | "reused_window"
 --            | "conflict" | "composition_conflict"
 --   (One bulk string instead of nested arrays: a client parses it in one step,
@@ -119,14 +120,16 @@ for i = 0, count - 1 do
       if follow ~= "" and held.follows ~= "" and held.kind ~= "q" and held.kind ~= "w"
           and held.finished ~= "1" and held.task == task then
         local ttl = "keep"
-        if held.run ~= "" then
-          -- It runs: one run is owed after it, under the first asking duplicate's id.
-          if owed_run(held.owed) == "" then held.owed = job end
+        if held.run ~= "" or carries_owed(held) then
+          -- It runs (or took over a run owed after the job that handed it the key):
+          -- one run is owed after it, under the first asking duplicate's id.
+          if held.owed == "" then held.owed = job end
           held.args = args
           result[4] = "rerun_requested"
         elseif follow == "d" and debounce ~= "" and held.follows == "d" then
-          local now = tonumber(since())
-          local due = now + tonumber(debounce)
+          -- Never earlier than a start planned before: the message may not be received
+          -- sooner (its countdown), and every receipt names a start that holds.
+          local due = math.max(tonumber(since()) + tonumber(debounce), tonumber(held.due) or 0)
           if held.cap ~= "" then
             -- Capped: the lease its creation set covers the latest start already, and
             -- a stream of duplicates must not keep the key of a lost job alive.
@@ -136,7 +139,7 @@ for i = 0, count - 1 do
             if lease ~= "" and left >= 0 and left < tonumber(lease) then ttl = lease end
           end
           held.args, held.due = args, tostring(due)
-          result[4], result[5] = "postponed", tostring(due - now)
+          result[4], result[5] = "postponed", held.due
         else
           held.args = args
           result[4] = "arguments_replaced"
@@ -149,11 +152,20 @@ for i = 0, count - 1 do
         local record = {kind = scope, finished = "0", job = job, task = task, fp = "",
                         policy = "", since = since(), run = "", from = hands_off and holder or "",
                         follows = follow, owed = "", args = "", due = "", cap = ""}
+        if hands_off and follow ~= "" and held.owed ~= "" then
+          -- The running job hands its key to its successor: the run its duplicates are
+          -- owed goes with the key, to follow the successor's run.
+          record.owed, record.args = held.owed, held.args
+        end
         if follow == "d" and debounce ~= "" then
           local now = tonumber(since())
-          record.due = tostring(now + tonumber(debounce))
-          if debounce_max ~= "" then record.cap = tostring(now + tonumber(debounce_max)) end
-          result[5] = debounce
+          local due = now + tonumber(debounce)
+          record.due = tostring(due)
+          if debounce_max ~= "" then
+            -- Never before the first planned start (a countdown longer than the cap).
+            record.cap = tostring(math.max(now + tonumber(debounce_max), due))
+          end
+          result[5] = record.due
         end
         pending[#pending + 1] = {akey, record, lease}
       end

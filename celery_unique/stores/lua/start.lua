@@ -38,10 +38,12 @@ if r.run ~= run and run_alive(r, now) then
   return "\30B" .. tostring(tonumber(r.alive) - tonumber(now))
 end
 local ttl = redis.call("PTTL", key)
-r.run, r.due, r.alive = run, "", alive
--- Passed on, and started: the mark goes. A run that follows its duplicates starts
--- with the latest arguments: a run owed by an earlier duplicate is that run.
-if follows or string.sub(r.owed, 1, 1) == "<" then r.owed = "" end
+r.run, r.due, r.alive, r.passed = run, "", alive, ""
+-- A run that follows its duplicates starts with the latest arguments: a run owed by
+-- an earlier duplicate is that run. Unless that run came with the key from the job
+-- that handed it over: it follows this run, which keeps its own arguments.
+local carried = carries_owed(r)
+if follows and not carried then r.owed = "" end
 if r.finished == "1" then
   r.finished = "0"
   put(key, encode(r), lease)
@@ -50,5 +52,5 @@ elseif lease ~= "" and ttl >= 0 and ttl < tonumber(lease) then
 else
   redis.call("SET", key, encode(r), "KEEPTTL")
 end
-if follows and r.args ~= "" then return "\30A" .. r.args end
+if follows and r.args ~= "" and not carried then return "\30A" .. r.args end
 return ""
