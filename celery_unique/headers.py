@@ -39,6 +39,9 @@ class KeyHeader(TypedDict, total=False):
     j: str
     #: What duplicates do to the job, when not "reuse": "l" (latest), "d" (debounce).
     p: str
+    #: The dispatch's generation (see ``ActiveClaim.generation``): the job's releases
+    #: end only the hold this dispatch created, not one of a later dispatch of its id.
+    g: str
 
 
 def read_header(source: Any) -> KeyHeader | None:
