@@ -14,7 +14,10 @@ reservation back; a reservation whose answer was lost is undone by the store
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import os
+import secrets
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -251,8 +254,9 @@ def plan(
             arguments=stored_arguments,
             debounce_ms=debounce,
             debounce_max_ms=duplicates.debounce_max_ms,
+            generation=(generation := next_generation()),
         )
-        header["a"], header["s"] = active[0], scope.value
+        header["a"], header["s"], header["g"] = active[0], scope.value, generation
         if scope is Scope.EXISTS:
             header["r"] = (
                 declaration.retention_ms
@@ -575,6 +579,30 @@ def rollback(rt: Runtime, claim: Claim) -> None:
         cleanup.roll_back(rt.store, [claim])
 
 
+class _Generations:
+    """Tokens no other dispatch of a job id shares: a random prefix per process (drawn
+    again in a forked child), then a count. Cheaper than a uuid per dispatch."""
+
+    def __init__(self) -> None:
+        self.restart()
+        os.register_at_fork(after_in_child=self.restart)
+
+    def restart(self) -> None:
+        self.prefix = secrets.token_hex(6)
+        self.count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self.prefix}{next(self.count):x}"
+
+
+_generations = _Generations()
+
+
+def next_generation() -> str:
+    """A new dispatch's generation (see :attr:`ActiveClaim.generation`)."""
+    return _generations.next()
+
+
 def release_now(
     app: Celery, rt: Runtime, job_id: str, header: KeyHeader, *, finished: bool
 ) -> None:
@@ -593,7 +621,7 @@ def release_now(
             signals.emit_released(app, job_id, hold.key, reason=reason, kept=hold.keep_ms != 0)
 
     try:
-        changed = rt.store.release(hold.job_id, hold.key, keep_ms=hold.keep_ms)
+        [changed] = rt.store.release_many([hold])
     except Exception:
         logger.warning("could not release key %r; retrying in the background", hold.key)
         within = None if rt.lease_ms is None else rt.lease_ms / 1000
@@ -612,14 +640,14 @@ def release_at(job_id: str, header: KeyHeader, *, finished: bool) -> Release | N
     key = header.get("a")
     if not key:
         return None
-    scope = header.get("s")
+    scope, generation = header.get("s"), header.get("g")
     if scope == Scope.QUEUED.value:
-        return Release(job_id, key, 0)
+        return Release(job_id, key, 0, generation=generation)
     if not finished:
         return None
     if scope == Scope.EXISTS.value:
-        return Release(job_id, key, header.get("r"))
-    return Release(job_id, key, 0)
+        return Release(job_id, key, header.get("r"), generation=generation)
+    return Release(job_id, key, 0, generation=generation)
 
 
 def run_eagerly(

@@ -43,6 +43,9 @@ class KeyHeader(TypedDict, total=False):
     #: The active key (``a``, ``s``, ``r``) a replacement of another task holds of its
     #: own, beside the replaced job's keys it carries on: released as its scope says.
     x: KeyHeader
+    #: The dispatch's generation (see ``ActiveClaim.generation``): the job's releases
+    #: end only the hold this dispatch created, not one of a later dispatch of its id.
+    g: str
 
 
 def read_header(source: Any) -> KeyHeader | None:

@@ -196,3 +196,25 @@ def split_storage_key(stored: str) -> tuple[str, str, str, str]:
     kind, _, rest = rest.partition(":")
     scope, _, key = rest.partition(SEPARATOR)
     return namespace, kind, scope, key
+
+
+#: The prefix of a release note (see :func:`release_note`): outside :data:`PREFIX`, so
+#: no listing of held keys ever shows one.
+RELEASE_NOTE = "unique:released:"
+_NOTE_SEPARATOR = "\x1e"
+
+
+def release_note(stored: str, job_id: str) -> str:
+    """Where a store notes that an operator released ``job_id``'s hold on ``stored``.
+
+    The note lets the job's deliveries run although another job holds the key
+    since. Its name keeps the key's hash tag (the first braces in it), so one
+    script reaches both; a key and a job id hold no control character, so no
+    two (key, job) pairs share a note.
+    """
+    return f"{RELEASE_NOTE}{stored}{_NOTE_SEPARATOR}{job_id}"
+
+
+def is_release_note(stored: str) -> bool:
+    """Whether a storage key is a release note rather than a held key."""
+    return stored.startswith(RELEASE_NOTE)

@@ -362,6 +362,30 @@ def job_state(app: Celery, job_id: str) -> str:
     return str(app.AsyncResult(job_id).state)
 
 
+#: How :func:`reap` counts a job whose recorded failure may not be its end.
+MAY_BE_REQUEUED = "FAILURE_MAY_BE_REQUEUED"
+
+
+def failure_may_requeue(app: Celery, task_name: str, job_id: str) -> bool:
+    """Whether the job's recorded ``FAILURE`` may be followed by another run of its message.
+
+    A hard time limit records the failure, and then, for a task with ``acks_late``
+    and ``acks_on_failure_or_timeout=False``, requeues the message: the job runs
+    again (the result backend says ``FAILURE`` until that run ends), and its key
+    must stay held. Such a failure is left to the job's own release or its lease.
+    """
+    task = app.tasks.get(task_name)
+    acks_late = getattr(task, "acks_late", app.conf.task_acks_late)
+    acks_anyway = getattr(
+        task, "acks_on_failure_or_timeout", app.conf.task_acks_on_failure_or_timeout
+    )
+    if not acks_late or acks_anyway:
+        return False
+    # The worker's main process records a time limit as TimeLimitExceeded; a class the
+    # reading process cannot import comes back as one made up under the same name.
+    return type(app.AsyncResult(job_id).result).__name__ == "TimeLimitExceeded"
+
+
 #: How far apart the result backend's clock (the workers') and the store's may be.
 CLOCK_SKEW_MS = 1000
 
@@ -412,7 +436,9 @@ def reap(app: Celery, *, apply: bool = False) -> ReapReport:
     A key is an orphan when it is an unfinished active-type key and its job's
     state in the result backend is final (success, failure, revoked,
     rejected) and was recorded after the key was written. Jobs that may still
-    run (``PENDING``, ``RECEIVED``, ``STARTED``, ``RETRY``) keep their keys: a
+    run (``PENDING``, ``RECEIVED``, ``STARTED``, ``RETRY``, and a ``FAILURE`` by a
+    hard time limit whose message is requeued: :func:`failure_may_requeue`,
+    counted as ``FAILURE_MAY_BE_REQUEUED``) keep their keys: a
     job the result backend has never heard of (or forgotten) is left to its
     lease, and so is a key written after its job id's recorded end (a new job
     under a reused ``task_id``: counted as ``REUSED_ID``). Releases are
@@ -432,6 +458,9 @@ def reap(app: Celery, *, apply: bool = False) -> ReapReport:
             continue
         if ended_before(app, info.job_id, info.since_ms):
             report.kept["REUSED_ID"] += 1
+            continue
+        if state == states.FAILURE and failure_may_requeue(app, info.task, info.job_id):
+            report.kept[MAY_BE_REQUEUED] += 1
             continue
         keep = retention_ms(app, info) if info.scope is Scope.EXISTS else 0
         orphan = Orphan(key=info, state=state, keep_ms=keep)

@@ -13,6 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from celery_unique.keyspace import release_note
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,
@@ -72,6 +73,8 @@ class Record:
     #: The delivery of an ended job that passed the key on to this one, until it
     #: starts: ``j + PASSED_ON_RUN + r`` (see :func:`passing_on`).
     passed_on_by: str | None = None
+    #: Active keys: the dispatch that created the hold (:attr:`ActiveClaim.generation`).
+    generation: str | None = None
 
     def run_alive(self, now: int) -> bool:
         """Whether a delivery still vouched alive marks the key (not one that handed it over)."""
@@ -253,6 +256,7 @@ def _decide_one(
             arguments=arguments,
             due=due,
             cap=cap,
+            generation=active.generation,
         )
     starts_at = _planned_start(due, now, since)
     return Decision(Verdict.CREATED, claim.job_id, starts_at_ms=starts_at), writes
@@ -312,14 +316,19 @@ def _hands_off(claim: Claim, held: Record | None) -> bool:
     )
 
 
-def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Change:
+def releasing(
+    job_id: str, keep_ms: int | None, run: str | None = None, generation: str | None = None
+) -> Change:
     """End ``job_id``'s hold: delete (``keep_ms=0``) or keep it finished for ``keep_ms``;
     with :data:`GOES_ON`, only end the run ``run``; with :data:`RUNNING`, only mark it;
-    with :data:`HANDING_OVER`, mark it as the run that handed the job over."""
+    with :data:`HANDING_OVER`, mark it as the run that handed the job over. With
+    ``generation``, only the hold that dispatch created ends."""
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or record.job_id != job_id:
             return UNCHANGED
+        if not same_generation(record, generation):
+            return UNCHANGED  # A later dispatch of the same job id holds the key now.
         if record.kind is not KeyKind.ACTIVE:
             return UNCHANGED  # Window keys are forgotten only by time.
         handed_by = HANDED_OVER_MARK + run if run else None
@@ -347,6 +356,12 @@ def releasing(job_id: str, keep_ms: int | None, run: str | None = None) -> Chang
         )
 
     return change
+
+
+def same_generation(record: Record, generation: str | None) -> bool:
+    """Whether a release naming ``generation`` may end ``record``'s hold (either unknown:
+    a key or a header written by an earlier version)."""
+    return generation is None or record.generation is None or record.generation == generation
 
 
 def _run_may_end(record: Record, run: str | None, now: int) -> bool:
@@ -382,6 +397,7 @@ def starting_run(job_id: str, start: RunStart, outcome: list[RunBegun]) -> Chang
                 since=now,
                 run=start.run,
                 alive_until=_expiry(now, start.alive_ms),
+                generation=start.generation,
             )
         if record.job_id != job_id:
             if record.handed_from != job_id:
@@ -503,13 +519,51 @@ def renewing(hold: Hold, lease_ms: int | None, alive_ms: int | None = None) -> C
     return change
 
 
-def forgetting(job_id: str | None) -> Change:
-    """Delete the key (an operator's release); with ``job_id``, only while it holds it."""
+def forgetting(job_id: str | None, forgotten: list[Record] | None = None) -> Change:
+    """Delete the key (an operator's release); with ``job_id``, only while it holds it.
+
+    ``forgotten`` receives the record deleted, for :func:`noting`.
+    """
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or job_id not in (None, record.job_id):
             return UNCHANGED
+        if forgotten is not None:
+            forgotten[:] = [record]
         return None
+
+    return change
+
+
+def noting(forgotten: list[Record]) -> Change:
+    """Write the release note of the unfinished active hold :func:`forgetting` deleted, if
+    any: it lives as long as the hold would have, and names the dispatch released."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        if not forgotten or forgotten[0].kind is not KeyKind.ACTIVE or forgotten[0].finished:
+            return UNCHANGED
+        held = forgotten[0]
+        return Record(
+            job_id=held.job_id,
+            task=held.task,
+            kind=KeyKind.ACTIVE,
+            expires_at=held.expires_at,
+            since=now,
+            generation=held.generation,
+        )
+
+    return change
+
+
+def reading_note(generation: str | None, released: list[bool]) -> Change:
+    """Read a release note (writing nothing): ``released`` gets whether it releases the
+    dispatch ``generation`` of its job."""
+
+    def change(record: Record | None, now: int) -> Record | _Unchanged | None:
+        released[:] = [
+            record is not None and record.alive(now) and same_generation(record, generation)
+        ]
+        return UNCHANGED
 
     return change
 
@@ -531,7 +585,9 @@ class RecordStore(Store):
         return self._change([(key, releasing(job_id, keep_ms))])[0]
 
     def release_many(self, releases: Sequence[Release]) -> list[bool]:
-        return self._change([(r.key, releasing(r.job_id, r.keep_ms, r.run)) for r in releases])
+        return self._change(
+            [(r.key, releasing(r.job_id, r.keep_ms, r.run, r.generation)) for r in releases]
+        )
 
     def start_run(self, job_id: str, key: str, run: RunStart) -> str | None:
         return self.begin_run(job_id, key, run).holder
@@ -539,7 +595,19 @@ class RecordStore(Store):
     def begin_run(self, job_id: str, key: str, run: RunStart) -> RunBegun:
         outcome: list[RunBegun] = [RunBegun()]
         self._change([(key, starting_run(job_id, run, outcome))])
-        return outcome[0]
+        begun = outcome[0]
+        if begun.holder is not None and self._released(key, job_id, run.generation):
+            # An operator released the job's hold before another job took the key: it
+            # still runs, beside that job, unmarked. (Read apart, and only here: the
+            # note was written before the holder could take the key, and a start that
+            # finds its job's key held by another writes nothing.)
+            return RunBegun()
+        return begun
+
+    def _released(self, key: str, job_id: str, generation: str | None) -> bool:
+        released = [False]
+        self._change([(release_note(key, job_id), reading_note(generation, released))])
+        return released[0]
 
     def pass_on(
         self, job_id: str, key: str, run: str | None, lease_ms: int | None
@@ -573,7 +641,14 @@ class RecordStore(Store):
         return sum(self._change([(hold.key, renewing(hold, lease_ms, alive_ms)) for hold in holds]))
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        return self._change([(key, forgetting(job_id))])[0]
+        if job_id is None:
+            return self._change([(key, forgetting(None))])[0]
+        forgotten: list[Record] = []
+        changes = [
+            (key, forgetting(job_id, forgotten)),
+            (release_note(key, job_id), noting(forgotten)),
+        ]
+        return self._change(changes)[0]
 
 
 def apply_changes(

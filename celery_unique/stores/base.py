@@ -89,6 +89,10 @@ class ActiveClaim:
     debounce_ms: int | None = None
     #: ...but never later than this long after the dispatch that created it (``None``: no cap).
     debounce_max_ms: int | None = None
+    #: This dispatch's own token, kept with the key it creates: a job id can be dispatched
+    #: again (a caller's ``task_id``), and a release naming the generation it ends
+    #: leaves alone the key of a later dispatch of the same id. ``None``: none.
+    generation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +205,9 @@ class Release(NamedTuple):
     #: message never ran. Either way the key is left alone while another delivery
     #: of the same job runs.
     run: str | None = None
+    #: The dispatch whose hold ends (:attr:`ActiveClaim.generation`): a key that a later
+    #: dispatch of the same job id created is left alone. ``None``: any dispatch of it.
+    generation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +226,8 @@ class RunStart:
     #: vouch again, see :meth:`Store.renew_many`): until then no other delivery of
     #: the job takes its mark. ``None``: the run is never vouched for.
     alive_ms: int | None = None
+    #: The dispatch the delivery carries (:attr:`ActiveClaim.generation`), if known.
+    generation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,7 +399,9 @@ class Store(ABC):
         id of the other job that holds the key now, writing nothing: this
         delivery is a copy of a job whose key moved on, and must not run. A
         job that handed its key over while it ran (self-rescheduling) runs
-        on without it. Stores that cannot mark runs return ``None``.
+        on without it, and so does a job whose key an operator released
+        (:meth:`delete`) before another job took it: it still runs, unmarked,
+        beside that job. Stores that cannot mark runs return ``None``.
 
         A key marked by another delivery of the job that is still vouched
         alive (``run.alive_ms`` at its start, renewals since) is not marked:
@@ -469,7 +480,13 @@ class Store(ABC):
 
     @abstractmethod
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        """Forget ``key`` (an operator's release); with ``job_id``, only if it still holds it."""
+        """Forget ``key`` (an operator's release); with ``job_id``, only if it still holds it.
+
+        An operator's release never stops the job: with ``job_id``, the store
+        notes (:func:`~celery_unique.keyspace.release_note`, for as long as the
+        key would have lived) that the job's hold was released, so that its
+        deliveries still run once another job holds the key (:meth:`start_run`).
+        """
 
     @abstractmethod
     def ping(self) -> None:

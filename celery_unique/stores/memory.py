@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from celery_unique.keyspace import is_release_note
 from celery_unique.stores import _records
 from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind
 
@@ -55,6 +56,8 @@ class MemoryStore(_records.RecordStore):
         with self._lock:
             items = list(self._records.items())
         for key, record in sorted(items):
+            if is_release_note(key):
+                continue
             if key.startswith(prefix) and record.alive(now) and kind in (None, record.kind):
                 yield record.held(key, now)
 

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured, StoreRefused
-from celery_unique.keyspace import PREFIX, split_storage_key
+from celery_unique.keyspace import PREFIX, release_note, split_storage_key
 from celery_unique.masking import masked
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
@@ -570,7 +570,7 @@ class RedisStore(Store):
                 claim.job_id,
                 _stored_task(claim),
                 position(active.key if active else None),
-                SCOPE_CHARS[active.scope] if active else "",
+                SCOPE_CHARS[active.scope] + (active.generation or "") if active else "",
                 "" if active is None or active.lease_ms is None else active.lease_ms,
                 position(window.key if window else None),
                 window.window_ms if window else "",
@@ -599,6 +599,7 @@ class RedisStore(Store):
                     release.job_id,
                     "" if keep is None else _SPECIAL_KEEPS.get(keep, keep),
                     release.run or "",
+                    release.generation or "",
                 ]
             return [release.key for release in part], args
 
@@ -658,8 +659,8 @@ class RedisStore(Store):
         task = "" if split_storage_key(key)[2] == run.task else run.task
         follows = "1" if run.follows_duplicates else ""
         args = [job_id, run.run, SCOPE_CHARS[run.scope], task, _ms(run.lease_ms), follows]
-        args.append(_ms(run.alive_ms))
-        reply = _text(self._call("start", [key], args))
+        args += [_ms(run.alive_ms), run.generation or ""]
+        reply = _text(self._call("start", [key, release_note(key, job_id)], args))
         if not reply.startswith(_RS):
             return RunBegun(holder=reply or None)
         kind, value = reply[1], reply[2:]
@@ -721,7 +722,8 @@ class RedisStore(Store):
                     yield held
 
     def delete(self, key: str, *, job_id: str | None = None) -> bool:
-        return bool(self._call("forget", [key], [job_id or ""]))
+        keys = [key] if job_id is None else [key, release_note(key, job_id)]
+        return bool(self._call("forget", keys, [job_id or ""]))
 
     def eviction(self) -> tuple[int, str] | None:
         with self._commands():
@@ -1134,7 +1136,7 @@ def _held(key: str, value: bytes, ttl: int) -> HeldKey:
         scope=None if is_window else _SCOPES[kind],
         finished=finished == "1",
         expires_in_ms=ttl if ttl >= 0 else None,
-        fingerprint=fingerprint or None,
+        fingerprint=(fingerprint or None) if is_window else None,
         policy=policy or None,
         since_ms=int(since) if since else None,
         run=run or None,

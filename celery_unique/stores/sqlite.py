@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import cast
 
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.keyspace import is_release_note
 from celery_unique.masking import masked
 from celery_unique.stores import _records
 from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, OnDuplicate, Scope
@@ -101,6 +102,8 @@ def _record(row: Row) -> _records.Record:
         "int | None, int | None, str | None]",
         tuple(rest),
     )
+    # An active key's generation sits in the column a window key's fingerprint does.
+    active = kind != KeyKind.WINDOW.value
     return _records.Record(
         job_id=job_id,
         task=task,
@@ -108,7 +111,8 @@ def _record(row: Row) -> _records.Record:
         scope=Scope(scope) if scope else None,
         finished=bool(finished),
         expires_at=expires_at,
-        fingerprint=fingerprint,
+        fingerprint=None if active else fingerprint,
+        generation=fingerprint if active else None,
         policy=policy,
         since=since,
         run=run,
@@ -254,7 +258,7 @@ class SQLiteStore(_records.RecordStore):
                 r.scope.value if r.scope else None,
                 int(r.finished),
                 r.expires_at,
-                r.fingerprint,
+                r.fingerprint if r.kind is KeyKind.WINDOW else r.generation,
                 r.policy,
                 r.since,
                 r.run,
@@ -329,6 +333,8 @@ class SQLiteStore(_records.RecordStore):
             except sqlite3.Error as exc:
                 raise BackendUnavailable(f"SQLite store {self.path}: {exc}") from exc
         for row in rows:
+            if is_release_note(row[0]):
+                continue
             record = _record(row)
             if kind in (None, record.kind):
                 yield record.held(row[0], now)

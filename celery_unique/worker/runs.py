@@ -136,6 +136,7 @@ def begin(task: Any) -> RunBegun:
         rt.lease_ms,
         follows_duplicates=follows,
         alive_ms=alive.alive_ms(rt.lease_ms),
+        generation=header.get("g"),
     )
     try:
         begun = _start_waiting(rt.store, request.id, key, start, patient=not rt.fail_open)

@@ -296,7 +296,10 @@ class UniqueKeyAdmin(ReadOnlyAdmin):
     readonly_fields = ["latest_arguments"]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[UniqueKey]:
-        queryset: QuerySet[UniqueKey] = super().get_queryset(request)
+        # Release notes are not held keys: nothing for an operator to release.
+        queryset: QuerySet[UniqueKey] = (
+            super().get_queryset(request).exclude(key__startswith=keyspace.RELEASE_NOTE)
+        )
         annotated: QuerySet[UniqueKey] = queryset.using(self.database()).annotate(
             db_now=DatabaseNowMs()
         )

@@ -161,6 +161,8 @@ class UniqueKey(models.Model):
         )
 
     def record(self) -> Record:
+        # An active key's generation sits in the column a window key's fingerprint does.
+        window = self.kind == KeyKind.WINDOW.value
         return Record(
             job_id=self.job_id,
             task=self.task,
@@ -168,7 +170,8 @@ class UniqueKey(models.Model):
             scope=Scope(self.scope) if self.scope else None,
             finished=self.finished,
             expires_at=self.expires_at,
-            fingerprint=self.fingerprint,
+            fingerprint=self.fingerprint if window else None,
+            generation=None if window else self.fingerprint,
             policy=self.policy,
             since=self.since,
             run=self.run,
@@ -189,7 +192,8 @@ class UniqueKey(models.Model):
         self.scope = record.scope.value if record.scope else None
         self.finished = record.finished
         self.expires_at = record.expires_at
-        self.fingerprint = record.fingerprint
+        window = record.kind is KeyKind.WINDOW
+        self.fingerprint = record.fingerprint if window else record.generation
         self.policy = record.policy
         self.since = record.since
         self.run = record.run

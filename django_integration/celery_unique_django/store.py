@@ -61,6 +61,7 @@ from django.db.utils import load_backend
 
 from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
+from celery_unique.keyspace import RELEASE_NOTE, is_release_note
 from celery_unique.stores import _records
 from celery_unique.stores.base import (
     Claim,
@@ -442,7 +443,7 @@ class DjangoStore(_records.RecordStore):
             )
             for row in page:
                 # LIKE folds case on some databases and collations: compare exactly here.
-                if row.key.startswith(prefix):
+                if row.key.startswith(prefix) and not is_release_note(row.key):
                     yield row.record().held(row.key, row.db_now)  # type: ignore[attr-defined]
             if len(page) < _SLICE:
                 return
@@ -463,7 +464,12 @@ class DjangoStore(_records.RecordStore):
 
         def work(db: str) -> dict[str, Any]:
             return self._rows(db).aggregate(
-                active=Count("pk", filter=alive() & Q(kind=KeyKind.ACTIVE.value)),
+                active=Count(
+                    "pk",
+                    filter=alive()
+                    & Q(kind=KeyKind.ACTIVE.value)
+                    & ~Q(key__startswith=RELEASE_NOTE),
+                ),
                 window=Count("pk", filter=alive() & Q(kind=KeyKind.WINDOW.value)),
                 expired=Count("pk", filter=Q(expires_at__lte=DatabaseNowMs())),
             )

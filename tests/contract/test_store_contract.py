@@ -779,3 +779,76 @@ def test_renewals_releases_and_rollbacks_of_spread_keys(store: Store) -> None:
     assert store.release_many([Release("j0", keys[0]), Release("j31", keys[31])]) == [False, True]
     store.rollback_many(claims)
     assert [key for key in keys if store.get(key) is not None] == []
+
+
+# -- an operator's release never drops the job; releases name their dispatch ---------
+
+
+def dispatched(
+    job: str, generation: str, scope: Scope = Scope.ACTIVE, lease: int | None = LONG
+) -> Claim:
+    claim = ActiveClaim(A, scope, lease, generation=generation)
+    return Claim(job_id=job, task="tasks.recalc", active=claim)
+
+
+def begin(store: Store, job: str, run: str, generation: str | None) -> RunBegun:
+    start = RunStart(run, Scope.ACTIVE, "tasks.recalc", LONG, generation=generation)
+    return store.begin_run(job, A, start)
+
+
+def test_a_job_an_operator_released_still_runs_beside_the_next_holder(store: Store) -> None:
+    """Dispatch j1, an operator releases its key, j2 is created: j1's delivery runs
+    (unmarked, beside j2), where a copy of a job that ran already would be told j2."""
+    decide(store, dispatched("j1", "g1"))
+    assert store.delete(A, job_id="j1") is True
+    assert decide(store, dispatched("j2", "g2")).verdict is Verdict.CREATED
+    assert begin(store, "j1", "r1", "g1") == RunBegun()
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("j2", None)
+    # Its retry is delivered again later: still the released job, still runs.
+    assert begin(store, "j1", "r2", "g1") == RunBegun()
+    # Its end leaves j2's key alone.
+    assert store.release_many([Release("j1", A, 0, "r2", "g1")]) == [False]
+    assert store.get(A) is not None
+
+
+def test_a_copy_of_a_job_that_ran_is_still_stale_after_another_release(store: Store) -> None:
+    """The note names the released job and dispatch: a job released by its own end, or
+    another dispatch of the released job's id, is still a copy that must not run."""
+    decide(store, dispatched("j1", "g1"))
+    assert store.release_many([Release("j1", A, 0, None, "g1")]) == [True]
+    decide(store, dispatched("j2", "g2"))
+    assert store.delete(A, job_id="j2") is True
+    decide(store, dispatched("j3", "g3"))
+    assert begin(store, "j1", "r1", "g1").holder == "j3"
+    assert begin(store, "j2", "r2", "g-other").holder == "j3"
+    assert begin(store, "j2", "r2", "g2") == RunBegun()
+
+
+def test_release_notes_are_not_held_keys(store: Store) -> None:
+    decide(store, dispatched("j1", "g1"))
+    store.delete(A, job_id="j1")
+    assert list(store.scan()) == []
+    assert list(store.scan(kind=KeyKind.ACTIVE)) == []
+    assert store.stats().active == 0
+
+
+def test_a_release_names_the_dispatch_it_ends(store: Store) -> None:
+    """``queued`` with a caller's task_id: the first run's end must not free the key the
+    same id took again meanwhile (a third dispatch would create a second queued job)."""
+    decide(store, dispatched("t", "g1", Scope.QUEUED))
+    assert store.release_many([Release("t", A, 0, None, "g1")]) == [True]  # it starts
+    assert decide(store, dispatched("t", "g2", Scope.QUEUED)).verdict is Verdict.CREATED
+    assert store.release_many([Release("t", A, 0, None, "g1")]) == [False]  # it ends
+    assert decide(store, dispatched("t", "g3", Scope.QUEUED)).verdict is Verdict.REUSED_ACTIVE
+    assert store.release_many([Release("t", A, 0, None, "g2")]) == [True]
+    assert store.get(A) is None
+
+
+def test_a_release_without_a_generation_ends_any_dispatch(store: Store) -> None:
+    """Headers and keys written before generations existed still release."""
+    decide(store, dispatched("t", "g1"))
+    assert store.release_many([Release("t", A, 0)]) == [True]
+    decide(store, active("t", scope=Scope.ACTIVE))
+    assert store.release_many([Release("t", A, 0, None, "g9")]) == [True]

@@ -17,7 +17,15 @@ from celery_unique.config import reset, runtime
 from celery_unique.duplicates import encode_arguments
 from celery_unique.keyspace import ACTIVE, storage_key
 from celery_unique.operations import arguments_digest
-from celery_unique.stores.base import ActiveClaim, Claim, OnDuplicate, Scope, Store
+from celery_unique.stores.base import (
+    ActiveClaim,
+    Claim,
+    OnDuplicate,
+    RunBegun,
+    RunStart,
+    Scope,
+    Store,
+)
 from celery_unique.testing import held_keys
 from celery_unique_django.models import UniqueKey
 from tests.django.example.shop.tasks import charge, recalculate_totals
@@ -117,6 +125,20 @@ def test_database_release_action_frees_the_key(
     assert "Released 1 key." in response.content.decode()
     assert keys["ada"] not in held_jobs(example_app)
     assert recalculate_totals.delay("ada").disposition is Disposition.CREATED
+
+
+def test_database_release_action_never_drops_the_released_job(
+    login: Login, keys: dict[str, str], example_app: Celery
+) -> None:
+    """The job whose key the action released still runs when delivered, beside the job
+    the next dispatch created; the store's note of the release is not listed."""
+    client = login("view_uniquekey", "release_key")
+    row = UniqueKey.objects.get(job_id=keys["ada"])
+    client.post(DATABASE_KEYS, {"action": "release_keys", "_selected_action": [row.pk]})
+    assert recalculate_totals.delay("ada").disposition is Disposition.CREATED
+    assert keys["ada"] not in client.get(DATABASE_KEYS).content.decode()
+    start = RunStart("run-1", Scope(row.scope), TASK, None)
+    assert runtime(example_app).store.begin_run(keys["ada"], row.key, start) == RunBegun()
 
 
 def test_database_release_needs_the_permission(

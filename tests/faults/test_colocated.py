@@ -205,10 +205,13 @@ class Wire:
 
 def without_tag(raw: bytes) -> bytes:
     """The message with what differs from one publish to the next blanked: kombu's
-    delivery tag (a UUID4 per publish) and the time to live Celery works out from
-    ``expires`` and the clock (milliseconds left)."""
-    properties = json.loads(raw)["properties"]
-    for varies in (properties["delivery_tag"], properties.get("expiration")):
+    delivery tag (a UUID4 per publish), the time to live Celery works out from
+    ``expires`` and the clock (milliseconds left), and the dispatch's generation (a
+    token per dispatch, in the key header)."""
+    message = json.loads(raw)
+    properties = message["properties"]
+    generation = (message["headers"].get("celery_unique") or {}).get("g")
+    for varies in (properties["delivery_tag"], properties.get("expiration"), generation):
         if varies is not None:
             needle = f'"{varies}"'.encode()
             raw = raw.replace(needle, b'"' + b"0" * (len(needle) - 2) + b'"')

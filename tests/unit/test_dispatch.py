@@ -416,3 +416,33 @@ def test_binding_mismatches_raise_type_error(args: Any, kwargs: Any) -> None:
 
     with pytest.raises(TypeError):
         Binder(run, drop_first=False).bind(args, kwargs)
+
+
+def test_a_release_ends_only_the_hold_of_its_own_dispatch(
+    app: Celery, published: list[Any]
+) -> None:
+    """``queued`` with a caller's task_id: the end of the first run (its header's release)
+    leaves the key the same id took again meanwhile; a third dispatch is REUSED."""
+    from celery_unique.dispatch import release_at
+
+    @app.task(shared=False, base=UniqueTask, unique_key="refresh", unique_while="queued")
+    def refresh() -> None:
+        return None
+
+    store = runtime(app).store
+
+    def release(header: Any, *, finished: bool) -> None:
+        hold = release_at("fixed", header, finished=finished)
+        assert hold is not None
+        store.release_many([hold])
+
+    assert refresh.apply_async(task_id="fixed").disposition is Disposition.CREATED
+    first = published[-1][HEADER]
+    release(first, finished=False)  # it starts
+    assert refresh.apply_async(task_id="fixed").disposition is Disposition.CREATED
+    second = published[-1][HEADER]
+    assert first["g"] != second["g"]
+    release(first, finished=True)  # it ends
+    assert refresh.apply_async(task_id="fixed").disposition is Disposition.REUSED
+    release(second, finished=False)
+    assert store_keys(app) == []

@@ -13,7 +13,8 @@
 --   job_id    the job the key points at
 --   task      the task name of the dispatch that wrote the key; "" when the key is
 --             scoped to that task already (the name is in the key)
---   fp        window keys: request fingerprint digest; else ""
+--   fp        window keys: request fingerprint digest; active keys: the generation
+--             (the dispatch that created the hold; "" unknown)
 --   policy    window keys: retry/time-limit settings digest; else ""
 --   since     when a decision wrote the key: ms since the epoch, the server's clock
 --   run       active keys: the delivery of the job running now; "" when none is
@@ -107,6 +108,12 @@ local function run_may_end(r, run)
   if r.run == "" or r.run == run then return true end
   if string.sub(r.run, 1, 1) == "^" then return r.run ~= "^" .. run end
   return r.alive ~= "" and tonumber(r.alive) <= tonumber(now_ms())
+end
+
+-- Whether a release naming generation gen may end r's hold (either unknown: a key or a
+-- header written by an earlier version).
+local function same_generation(r, gen)
+  return gen == nil or gen == "" or r.fp == "" or r.fp == gen
 end
 
 -- Write a record with a TTL in ms ("" or nil: no expiry).

@@ -4,7 +4,8 @@
 -- ARGV[1]: "1" all-or-nothing (any conflict: write nothing), "0" otherwise
 -- ARGV[2]: number of claims N; then 14 fields per claim:
 --   job_id, task,
---   active key index into KEYS (0: none), scope char (q|a|e), lease ms ("" none),
+--   active key index into KEYS (0: none), scope char (q|a|e) then the dispatch's
+--   generation (kept in the active key's fp field), lease ms ("" none),
 --   window key index (0: none), window ms, fingerprint, policy,
 --   handoff_from ("" none),
 --   on duplicate ("" reuse | "l" latest | "d" debounce), encoded arguments,
@@ -79,7 +80,7 @@ for i = 0, count - 1 do
   local job, task = ARGV[base], ARGV[base + 1]
   local aindex, windex = ARGV[base + 2], ARGV[base + 5]
   local akey = aindex ~= "0" and KEYS[tonumber(aindex)] or nil
-  local scope, lease = ARGV[base + 3], ARGV[base + 4]
+  local scope, lease = string.sub(ARGV[base + 3], 1, 1), ARGV[base + 4]
   local wkey = windex ~= "0" and KEYS[tonumber(windex)] or nil
   local window_ms, fp, policy, handoff = ARGV[base + 6], ARGV[base + 7], ARGV[base + 8], ARGV[base + 9]
   local follow, args = ARGV[base + 10], ARGV[base + 11]
@@ -149,7 +150,8 @@ for i = 0, count - 1 do
     else
       result = {"created", job, "0", "", ""}
       if akey then
-        local record = {kind = scope, finished = "0", job = job, task = task, fp = "",
+        local record = {kind = scope, finished = "0", job = job, task = task,
+                        fp = string.sub(ARGV[base + 3], 2),
                         policy = "", since = since(), run = "", from = hands_off and holder or "",
                         follows = follow, owed = "", args = "", due = "", cap = ""}
         if hands_off and follow ~= "" and held.owed ~= "" then

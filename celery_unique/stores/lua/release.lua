@@ -1,23 +1,25 @@
 -- release: end jobs' holds on active-type keys (compare-and-delete), many at once.
 --
 -- KEYS: the active-type keys
--- ARGV[3i - 2]: job id that must still hold KEYS[i]
--- ARGV[3i - 1]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
+-- ARGV[4i - 3]: job id that must still hold KEYS[i]
+-- ARGV[4i - 2]: keep ms for KEYS[i]: "0" delete now; "" keep (finished) with no expiry;
 --               n keep n ms; "-" keep as it is (the job goes on), only end the run;
 --               "+" only mark the run (it started); "^" mark the run as handing the
 --               job over to a replacement ("^" .. run); "v" undo "^" (nothing was sent)
--- ARGV[3i]: the delivery whose run ended ("" the message never ran); a key that
+-- ARGV[4i - 1]: the delivery whose run ended ("" the message never ran); a key that
 --           another delivery of the job is running under, or that this delivery
 --           handed over, is left alone
+-- ARGV[4i]: the dispatch (generation) whose hold ends ("" any): a key a later dispatch
+--           of the same job id created is left alone
 -- Returns: one string, a character per key: "1" if the key was held by the job and
 --   changed, else "0".
 
 local changed = {}
 for i, key in ipairs(KEYS) do
-  local job, keep, run = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  local job, keep, run = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
   local r = decode(redis.call("GET", key))
   local done = "0"
-  local mine = r and r.job == job and r.kind ~= "w"
+  local mine = r and r.job == job and r.kind ~= "w" and same_generation(r, ARGV[4 * i])
   local handed = mine and string.sub(r.run, 1, 1) == "^"
   if keep == "^" or keep == "v" then
     local from, to = run, "^" .. run
