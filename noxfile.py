@@ -55,12 +55,22 @@ NOT_IN_CELLS = (
         "it checks the repository's docs against this file, whatever the versions: "
         "the development suite runs it",
     ),
+    (
+        "tests/unit/test_pytest_plugin.py::test_fixtures_work_with_pytest_celery_loaded",
+        "pytest-celery is not one of the cells' test tools (it pulls in Docker's client): "
+        "the development suite runs it",
+    ),
 )
 #: Tests that do not apply where Celery is older than 5.7, and why.
 BEFORE_CELERY_5_7 = (
     (
         "tests/unit/test_review_fixes.py::test_pydantic_arguments_are_hashed_as_they_will_be_sent",
         "Celery before 5.7 does not dump a pydantic=True task's arguments on the producer",
+    ),
+    (
+        "tests/unit/test_testing.py::test_unique_store_leaves_settings_read_from_a_source_following_it",
+        "Celery before 5.7 keeps reading a setting the block changed after the change is "
+        "taken back (docs/testing.md says so)",
     ),
 )
 #: The project, as every cell installs it: with every extra the tests use.

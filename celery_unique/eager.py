@@ -11,6 +11,7 @@ receipt says so instead of waiting for a value that will never come.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -47,11 +48,28 @@ class EagerRuns:
         with self._lock:
             ran = self._outcomes.get(job_id)
         if ran is None:
-            return OutcomeUnknown(job_id, None, states.PENDING, name=task_name)
+            return _eager(OutcomeUnknown, job_id, None, states.PENDING, None, task_name)
         # A copy: the holder's own receipt must keep its own stamp.
         # (celery-types call the traceback a TracebackType; Celery keeps the text.)
         traceback: Any = ran.traceback
-        return EagerResult(job_id, ran.result, ran.state, traceback, name=ran.name)
+        return _eager(EagerResult, job_id, ran.result, ran.state, traceback, ran.name)
+
+
+#: Whether this Celery's ``EagerResult`` takes its task's name (5.3.1 and later).
+_TAKES_NAME = "name" in inspect.signature(EagerResult.__init__).parameters
+
+
+def _eager(
+    cls: type[EagerResult[Any]],
+    job_id: str,
+    value: Any,
+    state: str,
+    traceback: Any,
+    name: str | None,
+) -> EagerResult[Any]:
+    if _TAKES_NAME:
+        return cls(job_id, value, state, traceback, name=name)
+    return cls(job_id, value, state, traceback)  # Celery 5.3.0: no name to give
 
 
 class OutcomeUnknown(EagerResult):  # type: ignore[type-arg]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -88,13 +88,14 @@ def unique_store(
     # any config_from_object source) must keep following its source afterwards.
     changes = app.conf.changes
     assert changes is not None  # a loaded configuration always has its layer of changes
-    saved = {name: changes[name] for name in _SAVED if name in changes}
+    names = _spellings(app, _SAVED)
+    saved = {name: changes[name] for name in names if name in changes}
     config.reset(app)
-    app.conf.unique_backend = url
+    _set(app, unique_backend=url)
     if namespace is not None:
-        app.conf.unique_namespace = namespace
+        _set(app, unique_namespace=namespace)
     if eager is not None:
-        app.conf.task_always_eager = eager
+        _set(app, task_always_eager=eager)
     if broker is not None:
         _use_broker(app, broker)
     install(app)
@@ -104,7 +105,7 @@ def unique_store(
     finally:
         _active.remove(app)
         config.reset(app)
-        for name in _SAVED:
+        for name in names:
             if name in saved:
                 changes[name] = saved[name]
             else:
@@ -114,10 +115,28 @@ def unique_store(
 
 
 def _use_broker(app: Celery, broker: str) -> None:
-    app.conf.update(broker_url=broker, broker_read_url=None, broker_write_url=None)
+    _set(app, broker_url=broker, broker_read_url=None, broker_write_url=None)
     if broker.startswith("memory://"):
-        app.conf.update(result_backend="cache+memory://")
+        _set(app, result_backend="cache+memory://")
     _drop_connections(app)
+
+
+def _spellings(app: Celery, names: Iterable[str]) -> list[str]:
+    """``names`` and, for an app configured with a namespace (Django's ``CELERY``), their
+    prefixed spellings (``CELERY_BROKER_URL``)."""
+    prefix = getattr(app, "namespace", None)
+    spelled = list(names)
+    if prefix:
+        spelled += [f"{prefix}_{name.upper()}" for name in names]
+    return spelled
+
+
+def _set(app: Celery, **values: Any) -> None:
+    """Set ``values`` under both spellings: up to Celery 5.6, a namespaced source's
+    ``CELERY_BROKER_URL`` is read before a change made as ``broker_url``."""
+    app.conf.update(
+        {spelled: value for name, value in values.items() for spelled in _spellings(app, [name])}
+    )
 
 
 def _drop_connections(app: Celery) -> None:

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -144,12 +145,24 @@ class RabbitMQNode:
         self.port = port
         self.directory = Path(tempfile.mkdtemp(prefix=f"celery-unique-rabbitmq-{port}-"))
         self.name = f"celery-unique-{port}@localhost"
+        self.process: subprocess.Popen[bytes] | None = None
 
     def url(self) -> str:
         return f"amqp://guest:guest@{HOST}:{self.port}//"
 
-    def start(self) -> None:
-        """Boot the node, and wait until it serves."""
+    def start(self, attempts: int = 3) -> None:
+        """Boot the node, and wait until it serves; on new ports if a boot fails (a port
+        taken meanwhile), saying what the server printed when none succeeds."""
+        failures: list[str] = []
+        for _ in range(attempts):
+            if self._boot(failures):
+                return
+            self.stop()
+            self.port = free_port()
+            self.name = f"celery-unique-{self.port}@localhost"
+        pytest.fail("RabbitMQ node did not start:\n" + "\n".join(failures))
+
+    def _boot(self, failures: list[str]) -> bool:
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / "enabled_plugins").write_text("[].\n")
         (self.directory / "rabbitmq.conf").write_text(f"listeners.tcp.local = {HOST}:{self.port}\n")
@@ -161,21 +174,32 @@ class RabbitMQNode:
             **os.environ,
             "RABBITMQ_NODENAME": self.name,
             "RABBITMQ_NODE_PORT": str(self.port),
-            "RABBITMQ_DIST_PORT": str(self.port + 20_000),
+            "RABBITMQ_DIST_PORT": str(free_port()),
             "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq.conf"),
             "RABBITMQ_MNESIA_BASE": str(self.directory / "mnesia"),
             "RABBITMQ_LOG_BASE": str(self.directory / "log"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
         }
-        subprocess.run(
-            ["rabbitmq-server", "-detached"], env=env, capture_output=True, check=True, timeout=60
-        )
-        # await_startup fails at once until the node has registered its name.
-        polling.eventually(
-            lambda: self.ctl("await_startup", "--timeout", "30", check=False).returncode == 0,
-            timeout=90,
-            what=f"RabbitMQ node {self.name}",
-        )
+        # In the foreground, in a session of its own: what it prints is kept, for a
+        # boot that fails.
+        with tempfile.TemporaryFile() as output:
+            self.process = subprocess.Popen(
+                ["rabbitmq-server"],
+                env=env,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and self.process.poll() is None:
+                # await_startup fails at once until the node has registered its name.
+                if self.ctl("await_startup", "--timeout", "20", check=False).returncode == 0:
+                    return True
+                time.sleep(0.5)
+            output.seek(0)
+            printed = output.read().decode(errors="replace")[-2000:]
+        failures.append(f"{self.name} (exit {self.process.poll()}): {printed}")
+        return False
 
     def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """``rabbitmqctl`` against this node."""
@@ -194,6 +218,11 @@ class RabbitMQNode:
 
     def stop(self) -> None:
         self.ctl("stop", check=False)
+        if self.process is not None:
+            with suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+            self.process = None
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
