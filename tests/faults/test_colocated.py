@@ -427,6 +427,38 @@ def test_the_path_is_taken_only_where_it_is_exact(
         ] == [created.id]
 
 
+def test_a_broker_on_another_server_of_the_same_host_is_asked_first(
+    make_spec: Callable[..., Spec],
+    proxy: FaultProxy,
+    services: RedisServer,
+    redis_server: Callable[..., RedisServer],
+) -> None:
+    """Store on one redis-server, the app's broker on another of the same host (another
+    port): no shared server, so every dispatch and batch asks the store, which gets
+    decisions only, and the messages land on the broker's server."""
+    elsewhere = redis_server()
+    spec = make_spec(broker_url=elsewhere.url(1), store_url=proxy.url(0))
+    store, other = broker_of(services), redis.Redis.from_url(elsewhere.url(1))
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = other.llen(spec.queue)
+        created, commands = sent_by(proxy, lambda: task.apply_async(unique_key="one"))
+        assert created.disposition is Disposition.CREATED
+        batch, batch_commands = sent_by(
+            proxy, lambda: dispatch_many([task.s().set(unique_key=k) for k in ("two", "three")])
+        )
+        assert [r.disposition for r in batch] == [Disposition.CREATED] * 2
+        colocation = unique_config.runtime(app).colocation
+    assert (commands, batch_commands) == (["EVALSHA"], ["EVALSHA"]), "decisions only"
+    assert store.llen(spec.queue) == 0, "a message was pushed to the store's server"
+    assert [m["headers"]["id"] for m in new_messages(other, spec.queue, queued)] == [
+        created.id,
+        *(r.id for r in batch),
+    ]
+    assert colocation is None
+
+
 def test_a_worker_runs_what_the_script_enqueued(
     spec: Spec, start_worker: Callable[..., Any], services: RedisServer
 ) -> None:
