@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import gevent
 import pytest
 import redis
 from celery import signals
@@ -481,26 +482,35 @@ def test_unique_colocated_refuses_other_values(spec: Spec) -> None:
         unique_config.runtime(app)
 
 
+@pytest.mark.parametrize(
+    "failure", [RuntimeError, KeyboardInterrupt, gevent.Timeout], ids=lambda f: f.__name__
+)
 def test_a_failure_after_the_message_was_enqueued_keeps_its_key(
-    spec: Spec, services: RedisServer, monkeypatch: pytest.MonkeyPatch
+    spec: Spec,
+    services: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: type[BaseException],
 ) -> None:
-    """kombu's publish raises once the message is in the queue: the job exists, so its
-    key stays (a store asked first rolls its key back: there, nothing was sent)."""
+    """kombu's publish raises once the message is in the queue (an error, a Ctrl-C,
+    gevent's ``Timeout``): the job exists, so its key stays, and the caller gets what was
+    raised (a store asked first rolls its key back: there, nothing was sent)."""
     broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
     publish = Producer.publish
+    raised = failure()
 
     def publish_then_fail(self: Producer, *args: Any, **kwargs: Any) -> Any:
         publish(self, *args, **kwargs)
-        raise RuntimeError("publish failed after the message left")
+        raise raised
 
     with producer(spec) as app:
         task = task_of(app)
         warm(task)
         queued = broker.llen(spec.queue)
         monkeypatch.setattr(Producer, "publish", publish_then_fail)
-        with pytest.raises(RuntimeError, match="after the message left"):
+        with pytest.raises(failure) as caught:
             task.apply_async(unique_key="after", unique_while="active")
         monkeypatch.undo()
+        assert caught.value is raised
         assert broker.llen(spec.queue) == queued + 1
         held = store.get(job_key(spec, "after"))
         assert held is not None, "the enqueued job's key was rolled back"
