@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import gevent
 import pytest
 import redis
 from celery import signals
@@ -427,6 +428,38 @@ def test_the_path_is_taken_only_where_it_is_exact(
         ] == [created.id]
 
 
+def test_a_broker_on_another_server_of_the_same_host_is_asked_first(
+    make_spec: Callable[..., Spec],
+    proxy: FaultProxy,
+    services: RedisServer,
+    redis_server: Callable[..., RedisServer],
+) -> None:
+    """Store on one redis-server, the app's broker on another of the same host (another
+    port): no shared server, so every dispatch and batch asks the store, which gets
+    decisions only, and the messages land on the broker's server."""
+    elsewhere = redis_server()
+    spec = make_spec(broker_url=elsewhere.url(1), store_url=proxy.url(0))
+    store, other = broker_of(services), redis.Redis.from_url(elsewhere.url(1))
+    with producer(spec) as app:
+        task = task_of(app)
+        warm(task)
+        queued = other.llen(spec.queue)
+        created, commands = sent_by(proxy, lambda: task.apply_async(unique_key="one"))
+        assert created.disposition is Disposition.CREATED
+        batch, batch_commands = sent_by(
+            proxy, lambda: dispatch_many([task.s().set(unique_key=k) for k in ("two", "three")])
+        )
+        assert [r.disposition for r in batch] == [Disposition.CREATED] * 2
+        colocation = unique_config.runtime(app).colocation
+    assert (commands, batch_commands) == (["EVALSHA"], ["EVALSHA"]), "decisions only"
+    assert store.llen(spec.queue) == 0, "a message was pushed to the store's server"
+    assert [m["headers"]["id"] for m in new_messages(other, spec.queue, queued)] == [
+        created.id,
+        *(r.id for r in batch),
+    ]
+    assert colocation is None
+
+
 def test_a_worker_runs_what_the_script_enqueued(
     spec: Spec, start_worker: Callable[..., Any], services: RedisServer
 ) -> None:
@@ -449,26 +482,35 @@ def test_unique_colocated_refuses_other_values(spec: Spec) -> None:
         unique_config.runtime(app)
 
 
+@pytest.mark.parametrize(
+    "failure", [RuntimeError, KeyboardInterrupt, gevent.Timeout], ids=lambda f: f.__name__
+)
 def test_a_failure_after_the_message_was_enqueued_keeps_its_key(
-    spec: Spec, services: RedisServer, monkeypatch: pytest.MonkeyPatch
+    spec: Spec,
+    services: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    failure: type[BaseException],
 ) -> None:
-    """kombu's publish raises once the message is in the queue: the job exists, so its
-    key stays (a store asked first rolls its key back: there, nothing was sent)."""
+    """kombu's publish raises once the message is in the queue (an error, a Ctrl-C,
+    gevent's ``Timeout``): the job exists, so its key stays, and the caller gets what was
+    raised (a store asked first rolls its key back: there, nothing was sent)."""
     broker, store = broker_of(services), redis.Redis.from_url(services.url(0))
     publish = Producer.publish
+    raised = failure()
 
     def publish_then_fail(self: Producer, *args: Any, **kwargs: Any) -> Any:
         publish(self, *args, **kwargs)
-        raise RuntimeError("publish failed after the message left")
+        raise raised
 
     with producer(spec) as app:
         task = task_of(app)
         warm(task)
         queued = broker.llen(spec.queue)
         monkeypatch.setattr(Producer, "publish", publish_then_fail)
-        with pytest.raises(RuntimeError, match="after the message left"):
+        with pytest.raises(failure) as caught:
             task.apply_async(unique_key="after", unique_while="active")
         monkeypatch.undo()
+        assert caught.value is raised
         assert broker.llen(spec.queue) == queued + 1
         held = store.get(job_key(spec, "after"))
         assert held is not None, "the enqueued job's key was rolled back"

@@ -97,6 +97,21 @@ def report(tenant, gate=None):
 )
 def charge(request_id, amount):
     return amount
+
+
+@app.task(
+    base=UniqueTask,
+    shared=False,
+    name="cli.export",
+    unique_key=Payload(only=[".tenant"], prefix=False),
+    unique_while="exists",
+    unique_retention=600,
+    unique_window_key=lambda job: f"request:{{job.request_id}}",
+    unique_window=3600,
+)
+def export(tenant, request_id):
+    """Export a tenant's data: one export per tenant across every task sharing the key."""
+    return tenant
 '''
 
 
@@ -287,6 +302,21 @@ def test_list_pages_filters_and_prints_json(cli_app: CliApp) -> None:
     assert [(item["kind"], item["task"]) for item in windows] == [("window", "cli.charge")]
     matched = json.loads(cli_app.ok("list", "--match", "*:tenant:[13]", "--json"))["keys"]
     assert [item["job_id"] for item in matched] == [jobs[1], jobs[3]]
+
+
+def test_list_by_task_finds_the_key_it_shares_beside_its_own(cli_app: CliApp) -> None:
+    """A dispatch holding a key shared across tasks (``prefix=False``) and a window key
+    scoped to its task: ``list --task`` finds both, and the reaper would keep the shared
+    one for that task's own retention (it goes by the task each key reads back)."""
+    job = cli_app.module.export.delay(7, "R1")
+    listed = json.loads(cli_app.ok("list", "--task", "cli.export", "--json"))["keys"]
+    assert sorted((item["kind"], item["job_id"]) for item in listed) == [
+        ("active", job.id),
+        ("window", job.id),
+    ]
+    (shared,) = operations.list_keys(cli_app.app, kind="active")
+    assert (shared.key_scope, shared.task) == ("", "cli.export")
+    assert operations.retention_ms(cli_app.app, shared) == 600_000
 
 
 def test_stats_counts_keys(cli_app: CliApp) -> None:

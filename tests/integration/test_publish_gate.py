@@ -11,21 +11,25 @@ body does not run), and ``before_task_publish`` never hears of the message.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import gevent
 import pytest
 from celery import Celery, chain, group, signals
 from celery.exceptions import AlwaysEagerIgnored
+from kombu import Exchange, Producer, Queue
 
 from celery_unique import (
     Disposition,
     GroupMemberReused,
     UniquenessConflict,
     UniqueTask,
+    dispatch_many,
 )
 from celery_unique import config as unique_config
-from tests.conftest import redis_publisher
+from celery_unique.keyspace import ACTIVE, storage_key
+from tests.conftest import fresh_queue_name, redis_publisher
 
 from .test_races import queue_lists
 
@@ -193,3 +197,95 @@ def test_apply_never_runs_a_reused_job(app: Celery, broker: Any, job: Any, ran: 
     created = job.apply((13,))
     assert created.disposition is Disposition.CREATED
     assert ran == [13]
+
+
+@pytest.fixture
+def lasting(redis_url: str, broker: Any) -> Iterator[Celery]:
+    """As ``app``, on a queue kombu does not expire: where store and broker share a
+    server, a created job's message travels with the store's decision (kombu sends a
+    queue it expires itself, after asking the store)."""
+    name = fresh_queue_name()
+    queue = Queue(name, Exchange(name, type="direct", durable=False), routing_key=name)
+    app = redis_publisher("lasting", redis_url, queue=name, task_queues=(queue,))
+    app.finalize()
+    yield app
+    unique_config.reset(app)
+    app.close()
+    broker.delete(*queue_lists(name), f"_kombu.binding.{name}")
+
+
+#: Every way a unique job leaves, and whether the store is asked before its message is
+#: built (``True``) or as the message leaves, in the script that enqueues it (``False``).
+WAYS = {
+    "asked-first": True,
+    "colocated": False,
+    "held-recently": True,
+    "send_task": False,
+    "batch-asked-first": True,
+    "batch-colocated": False,
+}
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+@pytest.mark.parametrize(
+    "interruption", [KeyboardInterrupt, gevent.Timeout], ids=["KeyboardInterrupt", "gevent.Timeout"]
+)
+def test_a_publish_interrupted_by_a_base_exception_frees_the_key(
+    lasting: Celery,
+    broker: Any,
+    way: str,
+    interruption: type[BaseException],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C or gevent's ``Timeout`` raised by kombu's publish, on every way a job
+    leaves, reaches the caller as it was raised, and the key reserved for the job that
+    never left is free again: no message, no key, and the next dispatch creates."""
+    app = lasting
+
+    @app.task(base=UniqueTask, shared=False, name="gate.interrupted", unique_key=lambda j: j.key)
+    def job(key: str) -> None:
+        return None
+
+    if way.endswith("asked-first"):
+        app.conf.unique_colocated = False
+    rt = unique_config.runtime(app)
+    keys = [storage_key(rt.namespace, ACTIVE, job.name, key) for key in ("k1", "k2")]
+    if way == "held-recently":
+        # A key this process found held is asked for before the message is built.
+        job.delay("k1")
+        assert job.delay("k1").disposition is Disposition.REUSED
+        rt.store.delete(keys[0])
+    batch = way.startswith("batch")
+    before = queued(app, broker)
+    raised = interruption()
+    #: The holder of each key, as the store had it when kombu was asked to publish.
+    seen: list[list[str | None]] = []
+    publish = Producer.publish
+
+    def interrupted(self: Producer, *args: Any, **kwargs: Any) -> Any:
+        seen.append([held.job_id if (held := rt.store.get(key)) else None for key in keys])
+        if len(seen) == (2 if batch else 1):
+            raise raised
+        return publish(self, *args, **kwargs)
+
+    monkeypatch.setattr(Producer, "publish", interrupted)
+    send: dict[str, Callable[[], Any]] = {
+        "send_task": lambda: app.send_task(job.name, ("k1",)),
+        "batch-asked-first": lambda: dispatch_many([job.s("k1"), job.s("k2")]),
+        "batch-colocated": lambda: dispatch_many([job.s("k1"), job.s("k2")]),
+    }
+    with pytest.raises(interruption) as caught:
+        send.get(way, lambda: job.delay("k1"))()
+    monkeypatch.undo()
+
+    assert caught.value is raised
+    # The path was the one named: store and broker share a server unless told not to;
+    # asked first, the store held the keys as kombu began to publish (taken back since);
+    # else the decision was to travel with the message, and nothing was held yet.
+    assert bool(rt.colocation) is not way.endswith("asked-first")
+    held_then = seen[-1][: 2 if batch else 1]
+    assert all(held_then) if WAYS[way] else not any(held_then), seen
+    assert [rt.store.get(key) for key in keys] == [None, None]
+    assert queued(app, broker) == before
+    assert job.delay("k1").disposition is Disposition.CREATED
+    assert queued(app, broker) == before + 1

@@ -318,8 +318,9 @@ def test_a_publish_interrupted_by_a_base_exception_frees_the_key(
 
     nth = 1
     if way == "held_recently":
-        # A key this process saw held is asked for before the message is built.
+        # A key this process found held is asked for before the message is built.
         first = job.delay()
+        assert job.delay().disposition is Disposition.REUSED
         runtime(app).store.delete(store_keys(app)[0])
         nth = 2
     attempted = interrupt_publish(nth)

@@ -107,15 +107,16 @@ def test_arguments_larger_than_the_bound_are_refused_before_the_store(
 def test_arguments_exactly_at_the_bound_are_kept_and_one_byte_more_refused(
     app: Celery, published: list[dict[str, Any]]
 ) -> None:
-    """``unique_latest_max_bytes`` is the most a key keeps: that many bytes are allowed."""
-    arguments = {"customer": 1, "note": "x" * 50}
-    size = len(dumps([[], arguments], serializer="json")[2].encode())
-    at_the_bound = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=size)
-    assert at_the_bound.delay(**arguments).disposition is Disposition.CREATED
-    below = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=size - 1)
-    with pytest.raises(InvalidPayload, match=f"{size:,} bytes, more than"):
-        below.delay(**arguments)
-    assert [held.task for held in runtime(app).store.scan()] == [at_the_bound.name]
+    """``unique_latest_max_bytes`` is the most a key keeps: that many bytes are allowed,
+    one byte more is ``invalid_payload``, refused before the store or the broker."""
+    at_the_bound = {"customer": 1, "note": "x" * 50}
+    size = len(dumps([[], at_the_bound], serializer="json")[2].encode())
+    job = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=size)
+    assert job.delay(**at_the_bound).disposition is Disposition.CREATED
+    with pytest.raises(InvalidPayload, match=f"{size + 1:,} bytes, more than") as refused:
+        job.delay(customer=2, note="x" * 51)
+    assert refused.value.code == "invalid_payload"
+    assert [held.job_id for held in runtime(app).store.scan()] == [published[0]["id"]]
     assert len(published) == 1
 
 
