@@ -4,11 +4,12 @@ The rules are read from docs/security.md itself ("Least privilege on Redis"),
 for the test's namespace, so that the page and this test cannot drift. A
 deployment does everything a deployment does with them: a created dispatch
 and its duplicate, a window key (created, reused, refused for another
-request), a batch, the operators' commands, the reaper, the checks, the undo
-of a decision whose reply was lost, and a worker of the prefork pool that
-starts and ends jobs (one of them following its duplicates, so that it runs
-the run they owed). Two deployments: the store as a user of its own beside a
-broker that is not it, and store and broker as one user (the broker's own
+request), a batch, ``celery unique`` (list, show, explain, release, reap),
+the checks, the undo of a decision whose reply was lost, and a worker of the
+prefork pool that starts and ends jobs (one of them following its
+duplicates, so that it runs the run they owed). Three deployments: the store
+as a user of its own beside a broker that is not it (keys tagged by
+namespace, or by key), and store and broker as one user (the broker's own
 rules, plus what the page says co-location adds).
 
 Each deployment runs on a redis-server of its own, its script cache empty so
@@ -21,6 +22,7 @@ go unseen.
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +33,8 @@ from typing import Any, cast
 import pytest
 import redis
 from celery import Celery
+from celery.bin.base import CLIContext
+from click.testing import CliRunner
 
 from celery_unique import (
     BackendUnavailable,
@@ -41,7 +45,7 @@ from celery_unique import (
     operations,
 )
 from celery_unique import config as unique_config
-from celery_unique.explain import explain, explain_dispatch
+from celery_unique.cli import unique
 from celery_unique.receipt import UniqueResult
 from celery_unique.stores.redis import RedisStore
 from tests.conftest import HOST
@@ -217,6 +221,15 @@ def lose_a_decision(app: Celery) -> None:
     assert store.forget_decision([], lost), "the connection was named, so the undo is final"
 
 
+def operator(app: Celery, *args: str) -> Any:
+    """``celery unique ARGS`` for ``app``; what it printed, read as JSON when it printed any."""
+    ran = CliRunner().invoke(
+        unique, list(args), obj=CLIContext(app=app, no_color=True, workdir=None)
+    )
+    assert ran.exit_code == 0, ran.output
+    return json.loads(ran.output) if "--json" in args else ran.output
+
+
 def produce(app: Celery, spec: Spec) -> Produced:
     """Everything a deployment's producers and operators do, checked as they go."""
     task, windowed = task_of(app), task_of(app, WINDOWED)
@@ -245,14 +258,17 @@ def produce(app: Celery, spec: Spec) -> Produced:
     assert [each.disposition for each in batch] == [Disposition.CREATED] * 3 + [Disposition.REUSED]
 
     released = task.apply_async(unique_key="released", unique_while="active")
-    listed = {info.job_id: info.storage_key for info in operations.list_keys(app)}
+    listed = {
+        info["job_id"]: info["storage_key"] for info in operator(app, "list", "--json")["keys"]
+    }
     assert {first.id, released.id, window.id} <= set(listed)
-    (shown,) = operations.show(app, f"{JOB}:k")
-    assert (shown.job_id, shown.storage_key) == (first.id, listed[first.id])
-    told = explain_dispatch(task, unique_key="k", unique_while="active")
-    assert told.job_id == first.id
-    assert explain(windowed, order=1).job_id == window.id
-    assert operations.release(app, f"{JOB}:released", job_id=released.id)
+    (shown,) = operator(app, "show", f"{JOB}:k", "--json")
+    assert (shown["job_id"], shown["storage_key"]) == (first.id, listed[first.id])
+    options = json.dumps({"unique_key": "k", "unique_while": "active"})
+    assert operator(app, "explain", JOB, "--options", options, "--json")["job_id"] == first.id
+    told = operator(app, "explain", WINDOWED, "--kwargs", '{"order": 1}', "--json")
+    assert told["job_id"] == window.id
+    operator(app, "release", f"{JOB}:released", "--job-id", released.id, "--yes")
     assert not operations.show(app, f"{JOB}:released")
 
     # A job whose end the result backend knows but whose key is still held: the
@@ -261,8 +277,8 @@ def produce(app: Celery, spec: Spec) -> Produced:
         unique_key="parked", unique_while="active", queue=f"{spec.queue}-parked"
     )
     app.backend.mark_as_done(parked.id, None)
-    report = operations.reap(app, apply=True)
-    assert [orphan.key.job_id for orphan in report.released] == [parked.id]
+    reaped = operator(app, "reap", "--apply", "--json")
+    assert [orphan["job_id"] for orphan in reaped["released"]] == [parked.id], reaped
 
     lose_a_decision(app)
     found = {each.id for each in checks.run(app)}
