@@ -204,12 +204,33 @@ def test_an_acknowledgement_never_confirmed_releases_the_key_after_a_while(
     not wait for the lease: it is released once the wait for the confirmation is over."""
     monkeypatch.setattr(fates, "ACK_WAIT_S", 0.3)
     store, job, key, header = created(app, "unconfirmed")
+    asked = confirmations_asked(store, key, monkeypatch)
     fate = Fate(app, job, header, Message("RECEIVED"), run=started_run(store, job, key))
     fate.started()
     fate.run_ended(pid=None, cut_short=False, continued=False)
+    settled = time.monotonic()
     fate.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack; it failed
-    assert store.get(key) is not None  # not at once: the ack may be on its way
+    eventually(lambda: asked, 5, "the release to ask whether the ack was confirmed")
+    assert asked[0] == (False, True), "not at once: the ack may be on its way"
     eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+    assert time.monotonic() - settled >= fates.ACK_WAIT_S
+
+
+def confirmations_asked(
+    store: Store, key: str, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[bool | None, bool]]:
+    """Each time a release asks whether kombu confirmed the message's acknowledgement from
+    now on: the answer, and whether ``key`` was held as it was given."""
+    asked: list[tuple[bool | None, bool]] = []
+    forgotten = fates.forgotten
+
+    def asking(message: Any) -> bool | None:
+        answer = forgotten(message)
+        asked.append((answer, store.get(key) is not None))
+        return answer
+
+    monkeypatch.setattr(fates, "forgotten", asking)
+    return asked
 
 
 def test_a_release_after_an_unconfirmed_acknowledgement_leaves_a_copy_running(
