@@ -107,14 +107,22 @@ def test_a_release_the_store_missed_is_retried_until_it_lands(
 ) -> None:
     """The store unreachable when the job ends: the key is freed seconds after it is back."""
     working, producing = worker_spec(make_spec, proxy, lease_s=LONG_LEASE_S)
-    start_worker(working)
+    worker = start_worker(working)
     with one_key(producing, "missed") as job:
         first = job.dispatch(hold_s=1.0)
         eventually(lambda: starts(marks, producing), what="the job to start")
         proxy.refuse(True)
         proxy.reset_all()
         eventually(lambda: first.id in finished(marks, producing), what="the job to end")
-        time.sleep(2.0)  # the worker tries to release, and fails
+        # The worker tried to write the job's end, and failed.
+        eventually(
+            lambda: any(
+                "store not answering" in line and first.id in line
+                for line in worker.log().splitlines()
+            ),
+            20,
+            "the worker's release to fail",
+        )
         assert job.holder() == first.id
         proxy.refuse(False)
         back = time.monotonic()

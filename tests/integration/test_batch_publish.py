@@ -12,6 +12,7 @@ again by every message (a batch's, or single dispatches'), on both paths.
 
 from __future__ import annotations
 
+import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,9 +21,9 @@ from typing import Any
 import pytest
 from celery import Celery
 from kombu import Exchange, Producer, Queue
-from kombu.exceptions import EncodeError
+from kombu.exceptions import EncodeError, OperationalError
 
-from celery_unique import Disposition, UniqueTask, dispatch_many
+from celery_unique import Disposition, UniqueResult, UniqueTask, dispatch_many
 from celery_unique import config as unique_config
 from celery_unique.keyspace import ACTIVE, storage_key
 from tests.conftest import fresh_queue_name, redis_publisher
@@ -112,6 +113,91 @@ def test_a_batch_that_fails_part_way_on_rabbitmq_holds_only_the_keys_of_jobs_sen
             queue(connection.default_channel).delete()
         unique_config.reset(app)
         app.close()
+
+
+@pytest.mark.parametrize("nth", [1, 2, 4])
+def test_a_batch_whose_connection_breaks_part_way_on_rabbitmq_holds_only_the_keys_of_jobs_sent(
+    redis_url: str, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch, nth: int
+) -> None:
+    """The connection to RabbitMQ breaks as item ``nth`` of 4 is published (publishes not
+    retried): the items before it are out and keep their keys; it and the items after it
+    are not, and hold none."""
+    app = redis_publisher(
+        "batchbroken", redis_url, broker_url=rabbitmq_url, task_publish_retry=False
+    )
+
+    @app.task(base=UniqueTask, shared=False, name="batchbroken.job", unique_key=lambda j: j.key)
+    def job(key: str) -> None:
+        return None
+
+    attempted = _breaking_on_publish(app, monkeypatch, nth)
+    (queue,) = app.conf.task_queues
+    try:
+        with pytest.raises(OperationalError):
+            dispatch_many([job.s(f"k{n}") for n in range(4)])
+        assert len(attempted) == nth
+        sent = _take_job_ids(app, queue)
+        assert sent == attempted[: nth - 1], "the items before the broken publish are out"
+        rt = unique_config.runtime(app)
+        held = [
+            rt.store.get(storage_key(rt.namespace, ACTIVE, job.name, f"k{n}")) for n in range(4)
+        ]
+        assert [h and h.job_id for h in held] == [*sent] + [None] * (4 - len(sent))
+    finally:
+        with app.connection_for_write() as connection:
+            queue(connection.default_channel).delete()
+        unique_config.reset(app)
+        app.close()
+
+
+def test_a_batch_whose_connection_breaks_on_rabbitmq_is_published_whole_when_retried(
+    redis_url: str, rabbitmq_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With Celery's publish retries (the default), kombu connects again and publishes the
+    item whose connection broke: every item is out, and every key is held by its job."""
+    app = redis_publisher("batchretried", redis_url, broker_url=rabbitmq_url)
+
+    @app.task(base=UniqueTask, shared=False, name="batchretried.job", unique_key=lambda j: j.key)
+    def job(key: str) -> None:
+        return None
+
+    attempted = _breaking_on_publish(app, monkeypatch, 3)
+    (queue,) = app.conf.task_queues
+    try:
+        results = dispatch_many([job.s(f"k{n}") for n in range(4)])
+        created = [
+            r.id
+            for r in results
+            if isinstance(r, UniqueResult) and r.disposition is Disposition.CREATED
+        ]
+        assert _take_job_ids(app, queue) == attempted == created
+        rt = unique_config.runtime(app)
+        held = [
+            rt.store.get(storage_key(rt.namespace, ACTIVE, job.name, f"k{n}")) for n in range(4)
+        ]
+        assert [h and h.job_id for h in held] == attempted
+    finally:
+        with app.connection_for_write() as connection:
+            queue(connection.default_channel).delete()
+        unique_config.reset(app)
+        app.close()
+
+
+def _breaking_on_publish(app: Celery, monkeypatch: pytest.MonkeyPatch, nth: int) -> list[str]:
+    """Break the connection to the broker as ``app`` publishes its ``nth`` message from now
+    on, where kombu writes it (past the publish gate). Returns the ids of the messages whose
+    publish was attempted, in order."""
+    attempted: list[str] = []
+    send = app.amqp.send_task_message
+
+    def breaking(producer: Any, name: str, message: Any, **options: Any) -> Any:
+        attempted.append(message.headers["id"])
+        if len(attempted) == nth:
+            producer.connection.connection.transport.sock.shutdown(socket.SHUT_RDWR)
+        return send(producer, name, message, **options)
+
+    monkeypatch.setattr(app.amqp, "send_task_message", breaking)
+    return attempted
 
 
 def _take_job_ids(app: Celery, queue: Queue) -> list[str]:

@@ -122,7 +122,11 @@ def test_batch_uses_one_store_round_trip(app: Celery, job: Any) -> None:
 
 
 def test_failed_batch_publish_rolls_every_key_back(app: Celery, job: Any) -> None:
-    """When the broker is unreachable the batch raises and no key stays held."""
+    """When the broker is unreachable the batch raises and no key stays held.
+
+    It fails as its first message connects, before anything left: every key is rolled
+    back. A batch that fails part-way, its first messages out, is played on RabbitMQ
+    (``tests/integration/test_batch_publish.py``)."""
     app.conf.broker_url = "amqp://guest:guest@127.0.0.1:1//"
     app.conf.broker_connection_timeout = 0.5
     app.conf.broker_connection_max_retries = 0
