@@ -34,6 +34,7 @@ from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.config import configured_backend_url, runtime
 from celery_unique.masking import redacted
+from celery_unique.publishing import install_gate
 from celery_unique.worker import alive, control, dropped, guard, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 
@@ -66,6 +67,11 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
         return
     # Before the pool forks, too: its children build their tracers from these tasks.
     guard.guard_tasks(app)
+    # The main process sends a lost run again under its id (retry_on_worker_lost) and
+    # knows it only through the gate: installed by a unique dispatch otherwise, which a
+    # worker's main process need never make, so the re-send of a plain task carrying a
+    # job's keys (a unique job's replacement) went unseen and its key was freed.
+    install_gate(app)
     try:
         runtime(app).store  # noqa: B018 - built for its side effect
     except Exception as exc:
