@@ -162,6 +162,40 @@ def require_service(name: str, host: str = HOST, port: int | None = None) -> Non
     pytest.skip(message)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, give this worker a ``redis-server`` of its own.
+
+    Workers side by side would flush each other's test database and read each
+    other's keys on the shared server (whose three slots are taken by the
+    version matrix's cells running beside the suite). A private server per
+    worker, on a free port below the ephemeral range, needs no slot: every
+    fixture reaches it through ``TEST_REDIS_PORT``, and so do the workers and
+    producers the tests start as subprocesses.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER") or "TEST_REDIS_PORT" in os.environ:
+        return
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from tests.processes import RedisServer, free_port
+
+    if shutil.which("redis-server") is None:
+        raise pytest.UsageError(
+            "pytest -n needs redis-server on PATH: each worker runs one of its own"
+        )
+    directory = Path(tempfile.mkdtemp(prefix="celery-unique-xdist-redis-"))
+    server = RedisServer(free_port(), directory)
+    server.start()
+    os.environ["TEST_REDIS_PORT"] = str(server.port)
+
+    def stop() -> None:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    config.add_cleanup(stop)
+
+
 #: Set by the version matrix's cells (noxfile.py), where every test run applies: a test
 #: that does not is deselected there, with its reason, and a skip fails the run.
 _NO_SKIPS = os.environ.get("CELERY_UNIQUE_TEST_NO_SKIPS") == "1"

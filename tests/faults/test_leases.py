@@ -18,7 +18,7 @@ from celery_unique import Disposition
 from ._apps import JOB, Spec
 from .conftest import OneKey, Worker, eventually, finished, one_key, starts
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 LEASE_S = 1.5
 

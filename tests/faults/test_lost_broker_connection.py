@@ -28,7 +28,7 @@ from tests.faultproxy import FaultProxy
 from ._apps import Spec
 from .conftest import Worker, eventually, finished, one_key, starts
 
-pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq]
+pytestmark = [pytest.mark.slow, pytest.mark.rabbitmq, pytest.mark.alone]
 
 FIRST_RUN_S = 8.0
 #: Time enough for a copy that ran to have ended and released the key.

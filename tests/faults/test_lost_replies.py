@@ -25,7 +25,7 @@ from tests.processes import RedisServer
 from ._apps import JOB, Spec
 from .conftest import eventually, open_store, producer, queue_length, task_of
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 #: The store client's socket timeout: how long a dispatch waits for a lost reply.
 TIMEOUT_S = 1.0

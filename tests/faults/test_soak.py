@@ -28,7 +28,7 @@ from ._apps import Spec
 from ._soak import Report, Soak, produce, scope_of
 from .conftest import Worker, eventually, open_store, queue_length
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 PRODUCERS = 4
 DISPATCHES = 5_000

@@ -43,7 +43,7 @@ from .conftest import (
     task_of,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 LONG_LEASE_S = 60.0
 

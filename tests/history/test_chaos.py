@@ -17,7 +17,7 @@ from tests.history.broken import OVERRIDE as BROKEN_STORE
 from tests.history.chaos import Config, Outcome, render, run
 from tests.processes import require_redis_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 #: Seconds of faults per CI run: three seeds on a Redis broker (one of them with store
 #: and broker on one server), then one on RabbitMQ.

@@ -28,7 +28,7 @@ from celery_unique import Disposition
 from tests.paths import _app
 from tests.paths._pass import Pass
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 #: How often the store is sampled.
 SAMPLE_S = 0.02

@@ -48,7 +48,7 @@ from celery_unique.stores import redis as redis_store
 from tests.paths import _app
 from tests.paths._pass import LEASE_S, RETENTION_S, Pass
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 REPO = Path(__file__).resolve().parents[2]
 MATRIX_DOC = REPO / "docs" / "_generated" / "path-matrix.md"

@@ -25,7 +25,7 @@ from celery_unique import Disposition, operations
 from tests.paths import _app
 from tests.paths._pass import Pass
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 SCOPES = ("queued", "active", "exists")
 #: task, its runs, dispatch options, of each case.

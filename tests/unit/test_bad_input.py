@@ -169,7 +169,9 @@ def test_a_start_that_names_no_time_is_invalid_schedule_and_nothing_is_written(
         {"countdown": 2.5},
         {"eta": datetime.now(timezone.utc) + timedelta(seconds=30)},
     ],
-    ids=repr,
+    # The eta's value is the collection's clock: an id must not change between
+    # two collections (pytest-xdist's workers each collect and must agree).
+    ids=["countdown 0", "countdown -5", "countdown 2.5", "eta in 30 s"],
 )
 def test_a_start_celery_can_schedule_is_published(
     app: Celery, published: list[dict[str, Any]], start: dict[str, Any]
