@@ -26,6 +26,12 @@ request afterwards is that job.
 What each pass observed is the table in ``docs/_generated/path-matrix.md``
 (included in the concepts page): the test renders its own observations and
 compares them with that file; ``UPDATE_PATH_MATRIX=1`` writes them instead.
+
+The tables are Celery 5.7's. A few paths go otherwise on older Celery (the
+version matrix plays the paths on Celery 5.3 too): each says how, since which
+release and why (:class:`Older`); there the pass expects what that Celery does,
+leaves those rows out of the comparison with the docs, and names them at the
+end of the run. The docs list them below the tables.
 """
 
 from __future__ import annotations
@@ -37,10 +43,11 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import celery
 import pytest
 
 from celery_unique import Disposition, DuplicateMatch, keyspace
@@ -69,6 +76,22 @@ ACCEPTED_S = 3.0
 SCOPES = ("queued", "active", "exists")
 #: The scopes a job that follows its duplicates can hold its key in.
 FOLLOWING = ("active", "exists")
+#: The Celery the worker runs (the test's own: one virtualenv), as (major, minor).
+CELERY = (celery.VERSION.major, celery.VERSION.minor)
+
+
+@dataclass(frozen=True)
+class Older:
+    """How a path goes on a Celery older than ``since``, whose change made it go as its
+    :class:`Path_` says."""
+
+    since: tuple[int, int]
+    #: The row's title on the older Celery.
+    title: str
+    #: Runs of the job (under its id) the older Celery's semantics give.
+    runs: int
+    #: The change, and what the older Celery does instead.
+    why: str
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,19 @@ class Path_:
     cut_after_s: float | None = None
     #: The scopes the path's options allow (``latest``/``debounce``: not ``queued``).
     scopes: tuple[str, ...] = ("queued", "active", "exists")
+    #: How the path goes on older Celery, if otherwise.
+    older: Older | None = None
+
+    @property
+    def documented(self) -> bool:
+        """Whether the path goes here as the docs' tables show it (as on the newest Celery)."""
+        return self.older is None or self.older.since <= CELERY
+
+    def here(self) -> Path_:
+        """The path as it goes on the Celery running the test."""
+        if self.older is None or self.documented:
+            return self
+        return replace(self, title=self.older.title, runs=self.older.runs)
 
 
 PATHS = (
@@ -206,6 +242,14 @@ PATHS = (
         2,
         prefork_only=True,
         cut_after_s=1,
+        older=Older(
+            (5, 5),
+            "hard time limit, `acks_late`, `acks_on_failure_or_timeout=False` (dropped)",
+            1,
+            "Celery 5.5 requeues the message of a run cut short by its hard time limit "
+            "when `acks_on_failure_or_timeout` is off (celery/celery#9626); before, the "
+            "worker rejects it without requeueing (`Request.on_failure`): the job ends there",
+        ),
     ),
     Path_("killed", "pool child killed", 1, "kill", prefork_only=True),
     Path_(
@@ -221,6 +265,14 @@ PATHS = (
         2,
         "kill",
         prefork_only=True,
+        older=Older(
+            (5, 7),
+            "pool child killed, `retry_on_worker_lost` (an option this Celery does not have)",
+            1,
+            "`retry_on_worker_lost` (`task_retry_on_worker_lost`) is new in Celery 5.7; "
+            "before, the task option means nothing to Celery, and the job of a lost pool "
+            'child fails (`WorkerLostError`) as the row "pool child killed" does',
+        ),
     ),
     Path_("unknown", "unknown to the worker", 0, unknown=True),
     Path_(
@@ -526,7 +578,7 @@ def render(observed: list[Observed], broker: str, pool: str) -> str:
         "|---|---|---|---|---|",
     ]
     by_cell = {(seen.path.name, seen.scope): seen for seen in observed}
-    for path in PATHS:
+    for path in (path.here() for path in PATHS):
         cells = [by_cell.get((path.name, scope)) for scope in SCOPES]
         if not any(cells):
             continue
@@ -544,7 +596,11 @@ def _not_played(path: Path_, scope: str) -> str:
 
 
 def compare_with_docs(section: str, table: str) -> None:
-    """The docs' table of this pass must be what the pass observed (or is rewritten)."""
+    """The docs' table of this pass must be what the pass observed (or is rewritten).
+
+    The docs show the newest Celery: on an older one, the rows of the paths that go
+    otherwise there are left out of the comparison (each was checked against what
+    that Celery does), and the docs cannot be rewritten from its run."""
     begin, end = f"<!-- {section} -->\n", f"<!-- /{section} -->\n"
     text = MATRIX_DOC.read_text() if MATRIX_DOC.exists() else ""
     if begin in text:
@@ -552,14 +608,76 @@ def compare_with_docs(section: str, table: str) -> None:
         documented, tail = rest.split(end, 1)
     else:
         head, documented, tail = text, None, ""
+    otherwise = [path for path in PATHS if not path.documented]
     if os.environ.get("UPDATE_PATH_MATRIX") == "1":
+        assert not otherwise, (
+            f"the docs show how the paths go on the newest Celery; on Celery "
+            f"{CELERY[0]}.{CELERY[1]}, {', '.join(p.name for p in otherwise)} go otherwise"
+        )
         MATRIX_DOC.parent.mkdir(parents=True, exist_ok=True)
         MATRIX_DOC.write_text(head + begin + table + end + tail)
         return
+    if otherwise and documented is not None:
+        table = without_rows(table, [path.here().title for path in otherwise])
+        documented = without_rows(documented, [path.title for path in otherwise])
     assert documented == table, (
         f"docs/_generated/path-matrix.md ({section}) differs from what this run observed; "
         "rerun with UPDATE_PATH_MATRIX=1 if the change is intended:\n" + table
     )
+
+
+def compare_older_with_docs(listed: str) -> None:
+    """The docs' list of the paths that go otherwise on older Celery is ``listed`` (or is
+    rewritten, with ``UPDATE_PATH_MATRIX=1``, whatever Celery runs: it is not observed)."""
+    begin, end = "<!-- older-celery -->\n", "<!-- /older-celery -->\n"
+    text = MATRIX_DOC.read_text()
+    if os.environ.get("UPDATE_PATH_MATRIX") == "1":
+        if begin in text:
+            head, rest = text.split(begin, 1)
+            tail = rest.split(end, 1)[1]
+        else:
+            head, tail = text, ""
+        MATRIX_DOC.write_text(head + begin + listed + end + tail)
+        return
+    assert f"{begin}{listed}{end}" in text, (
+        "docs/_generated/path-matrix.md does not list the paths that go otherwise on older "
+        "Celery as PATHS says; rerun with UPDATE_PATH_MATRIX=1:\n" + listed
+    )
+
+
+def without_rows(table: str, titles: list[str]) -> str:
+    """``table`` without the rows of the jobs titled ``titles``."""
+    starts = tuple(f"| {title} |" for title in titles)
+    return "".join(line for line in table.splitlines(keepends=True) if not line.startswith(starts))
+
+
+#: The paths whose rows this run played with an older Celery's expectations, and how they
+#: go there (named at the end of the run: tests/paths/conftest.py).
+played_otherwise: dict[str, Older] = {}
+
+
+def as_here(paths: list[Path_]) -> list[Path_]:
+    """``paths`` as they go on the Celery running the test (noting those that go otherwise)."""
+    for path in paths:
+        if not path.documented and path.older is not None:
+            played_otherwise[path.name] = path.older
+    return [path.here() for path in paths]
+
+
+def render_older() -> str:
+    """The docs' list of the paths that go otherwise on older Celery (from :data:`PATHS`)."""
+    rows = [
+        "**On older Celery**",
+        "",
+        "| the job | before Celery | runs there | why |",
+        "|---|---|---|---|",
+    ]
+    for path in PATHS:
+        if path.older is not None:
+            older = path.older
+            since = f"{older.since[0]}.{older.since[1]}"
+            rows.append(f"| {path.title} | {since} | {older.runs} | {older.why} |")
+    return "\n".join(rows) + "\n"
 
 
 #: What a window key does on every path it was played on: it names the job.
@@ -648,7 +766,7 @@ def test_every_path_keeps_a_window_key_naming_its_job(
     under its id is never a conflict with its own window key), the key names it all along,
     and the same request afterwards is that job."""
     run = matrix_pass(broker, "prefork")
-    paths = [path for path in PATHS if path.name in _app.WINDOWED]
+    paths = as_here([path for path in PATHS if path.name in _app.WINDOWED])
     with ThreadPoolExecutor(max_workers=len(paths)) as threads:
         observed = list(threads.map(lambda path: play_window(run, path), paths))
     table = render_window(observed, broker, "prefork")
@@ -678,14 +796,15 @@ def test_every_path_holds_its_key_exactly_while_its_job_can_run(
     """Each path x scope on a real worker: runs as Celery says, key held until its scope's point."""
     run = matrix_pass(broker, pool)
     only = os.environ.get("PATHS_ONLY")
-    cells = [
-        (path, scope)
-        for path in PATHS
-        for scope in SCOPES
-        if (pool == "prefork" or not path.prefork_only)
-        and scope in path.scopes
-        and (not only or path.name in only.split(","))
-    ]
+    paths = as_here(
+        [
+            path
+            for path in PATHS
+            if (pool == "prefork" or not path.prefork_only)
+            and (not only or path.name in only.split(","))
+        ]
+    )
+    cells = [(path, scope) for path in paths for scope in SCOPES if scope in path.scopes]
     with ThreadPoolExecutor(max_workers=len(cells)) as threads:
         observed = list(threads.map(lambda cell: play(run, *cell), cells))
     table = render(observed, broker, pool)
@@ -707,3 +826,10 @@ def test_the_docs_show_every_pass() -> None:
     sections = ("redis-prefork", "rabbitmq-prefork", "redis-threads")
     for section in (*sections, "redis-prefork-window", "rabbitmq-prefork-window"):
         assert f"<!-- {section} -->" in text, section
+
+
+def test_the_docs_list_the_paths_that_go_otherwise_on_older_celery() -> None:
+    """Below the tables (which show the newest Celery), the docs list each path that goes
+    otherwise on an older Celery supported: how, since which release, and why
+    (``UPDATE_PATH_MATRIX=1`` rewrites the list)."""
+    compare_older_with_docs(render_older())
