@@ -272,6 +272,10 @@ def cyclic() -> Any:
         ({"o": collections.OrderedDict()}, ".o", "OrderedDict at .o"),
         ({"a b": {"c": [float("nan")]}}, '."a b".c[0]', 'nan at ."a b".c[0]'),
         ([{"ok": 1}, {"x": {"y": set()}}], ".[1].x.y", "set at .[1].x.y"),
+        # What the encoder takes but plain JSON data is not, inside lists only.
+        ([(1, 2)], ".[0]", "tuple at .[0] is not JSON data"),
+        ([[{"a": {1: "x"}}]], ".[0][0].a", "object key 1 at .[0][0].a has type int"),
+        ([1, [Name("x")]], ".[1][0]", "Name at .[1][0]"),
         (cyclic(), ".a.b[0]", "a container at .a.b[0] contains itself"),
     ],
 )
