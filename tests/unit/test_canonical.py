@@ -309,3 +309,9 @@ def test_too_deep_nesting_is_rejected() -> None:
 def test_moderate_nesting_is_fine() -> None:
     """Nesting as deep as ordinary JSON decoders accept encodes normally."""
     assert canonical_bytes(nested(500)) == b"cu1\n" + b"[" * 501 + b"]" * 501
+
+
+def test_checked_is_given_by_name() -> None:
+    """``checked=False`` skips a proof: a positional ``False`` cannot turn it off by mistake."""
+    with pytest.raises(TypeError):
+        canonical_digest({}, False)  # type: ignore[misc]

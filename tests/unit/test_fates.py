@@ -43,7 +43,7 @@ from celery_unique.stores.base import (
     Store,
     Verdict,
 )
-from celery_unique.worker import fates, runs
+from celery_unique.worker import alive, fates, runs
 from celery_unique.worker.fates import Fate, Settled, _exception, _outside_body
 from tests.polling import eventually
 
@@ -314,6 +314,7 @@ class _CeleryRequest:
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
         self.resending.append(resend._resending.get() is not None)
+        self.failure_flags = (send_failed_event, return_ok)
 
 
 class _Request(fates.FateMixin, _CeleryRequest):
@@ -742,3 +743,83 @@ def test_an_on_success_of_a_subclass_is_followed_too(app: Celery) -> None:
         assert request.on_success((False, "result", 0.1)) == returned
         assert cleanup.flush(5)
         assert store.get(key) is None
+
+
+def test_a_copy_dropped_before_an_earlier_run_was_decided_waits_for_it(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release of a copy dropped unrun waits, sent not at all, for the decision on an
+    earlier run of its job in this worker; then goes once that is decided."""
+    store, job, key, header = created(app, "deferred")
+    owed = owed_writes(monkeypatch)
+    first = Fate(app, job, header, Message("ACK"), run=started_run(store, job, key))
+    first.started()
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)
+    assert [name for name, _ in owed] == ["release"]  # the first run's mark, nothing of the copy
+    first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
+    first.message_settled(Settled.FORGOTTEN)
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+    assert [name for name, _ in owed][:3] == ["release", "release", "release"]
+
+
+def test_on_failure_passes_celerys_defaults_on(app: Celery) -> None:
+    """Called as Celery calls it, with the exception alone, on_failure hands Celery's
+    own defaults on: send the failed event, do not return ok."""
+    _, job, _, header = created(app, "defaults")
+    for request in (
+        _Request(app, job, header, os.getpid()),
+        _Request(app, uuid.uuid4().hex, {}, os.getpid()),  # type: ignore[typeddict-item]
+    ):
+        request.on_failure(_reported(ValueError("failed"), internal=False))
+        assert request.failure_flags == (True, False)
+    assert cleanup.flush(5)
+
+
+def test_a_copy_dropped_unrun_is_sent_again_each_vouching_round_and_its_slack(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent again sooner than a vouching round and its slack, the release would only
+    find the other run still vouched for."""
+    app.conf.unique_lease = timedelta(seconds=90)
+    every: list[float] = []
+    send = cleanup.release_once_unmarked
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        every.append(kwargs["every_s"])
+        send(*args, **kwargs)
+
+    monkeypatch.setattr(cleanup, "release_once_unmarked", recording)
+    store, job, key, header = created(app, "vouched-copy")
+    assert (
+        store.begin_run(job, key, RunStart("r0", Scope.ACTIVE, "fates.task", 60_000)).holder is None
+    )
+    Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex).message_settled(Settled.FORGOTTEN)
+    eventually(lambda: every, 5, "the copy's release to be owed again")
+    cleanup.discard(store)
+    assert every == [alive.interval_s(90_000) + runs.BUSY_SLACK_S]
+
+
+def test_a_copy_waits_for_every_undecided_run_of_its_job_and_none_is_kept_after(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of a job started in this worker: once the first is decided, a copy
+    dropped unrun still waits for the second; once all are decided, nothing of the job
+    is left behind in the worker."""
+    store, job, key, header = created(app, "two-runs")
+    first = Fate(app, job, header, Message("ACK"), run=started_run(store, job, key))
+    second = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    first.started()
+    second.started()
+    first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
+    first.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    owed = owed_writes(monkeypatch)
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)
+    assert owed == []  # waits for the second run
+    second.run_ended(pid=None, cut_short=False, continued=False)
+    second.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert [name for name, _ in owed][:2] == ["release", "release"]  # the second's, the copy's
+    assert job not in fates._undecided
