@@ -524,9 +524,10 @@ def test_a_run_that_succeeds_frees_its_key_once_acknowledged(app: Celery) -> Non
 
 
 def test_a_hard_time_limit_ends_the_run_and_a_soft_one_does_not(app: Celery) -> None:
-    """A hard time limit cuts the run short (the release waits for the pool child); a
-    soft one only raises in the body, which goes on."""
-    _, job, _, header = created(app, "timed-out")
+    """A hard time limit cuts the run short (the release waits for the pool child) and
+    ends the job: its key goes once the message is forgotten. A soft one only raises in
+    the body, which goes on."""
+    store, job, key, header = created(app, "timed-out")
     request = _Request(app, job, header, worker_pid=_gone_pid())
     fate = request._fate
     assert fate is not None
@@ -535,6 +536,9 @@ def test_a_hard_time_limit_ends_the_run_and_a_soft_one_does_not(app: Celery) -> 
     assert fate.pool_child is None
     request.on_timeout(False, 2.0)
     assert fate.pool_child == request.worker_pid
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert store.get(key) is None
     plain = _Request(app, uuid.uuid4().hex, {}, worker_pid=os.getpid())  # type: ignore[typeddict-item]
     plain.on_timeout(False, 2.0)
     assert cleanup.flush(5)
@@ -582,6 +586,8 @@ def test_an_acknowledgement_counts_as_made_once_the_wait_for_it_is_over() -> Non
     assert fates.forgotten_within(Message("ACK"), 60)() is True
     assert fates.forgotten_within(Message("REJECTED"), 60)() is True
     assert fates.forgotten_within(Message("REQUEUED"), 0)() is None
+    assert fates.forgotten_within(SimpleNamespace(), 0)() is True  # no state: taken as made
+    assert fates.forgotten(SimpleNamespace()) is False  # ...once the wait is over, not before
     unconfirmed = fates.forgotten_within(Message("RECEIVED"), 0.3)
     assert unconfirmed() is False
     eventually(lambda: unconfirmed() is True, 5, "the wait to be over")
