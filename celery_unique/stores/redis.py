@@ -822,14 +822,14 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
         tls["ssl"] = True
     elif tls:
         _refuse(url, f"has TLS options ({', '.join(sorted(tls))}) but is not rediss+sentinel://")
-    watcher = Sentinel(  # type: ignore[no-untyped-call]
+    watcher = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         sentinels,
         socket_timeout=options["socket_timeout"],
         socket_connect_timeout=options["socket_connect_timeout"],
         # The sentinels' own connections carry their password: over TLS as well.
         sentinel_kwargs={**sentinel_auth, **tls} or None,
     )
-    return watcher.master_for(  # type: ignore[no-untyped-call]
+    return watcher.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         master,
         db=db,
         username=unquote(parts.username) if parts.username else None,

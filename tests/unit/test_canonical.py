@@ -272,6 +272,10 @@ def cyclic() -> Any:
         ({"o": collections.OrderedDict()}, ".o", "OrderedDict at .o"),
         ({"a b": {"c": [float("nan")]}}, '."a b".c[0]', 'nan at ."a b".c[0]'),
         ([{"ok": 1}, {"x": {"y": set()}}], ".[1].x.y", "set at .[1].x.y"),
+        # What the encoder takes but plain JSON data is not, inside lists only.
+        ([(1, 2)], ".[0]", "tuple at .[0] is not JSON data"),
+        ([[{"a": {1: "x"}}]], ".[0][0].a", "object key 1 at .[0][0].a has type int"),
+        ([1, [Name("x")]], ".[1][0]", "Name at .[1][0]"),
         (cyclic(), ".a.b[0]", "a container at .a.b[0] contains itself"),
     ],
 )
@@ -305,3 +309,9 @@ def test_too_deep_nesting_is_rejected() -> None:
 def test_moderate_nesting_is_fine() -> None:
     """Nesting as deep as ordinary JSON decoders accept encodes normally."""
     assert canonical_bytes(nested(500)) == b"cu1\n" + b"[" * 501 + b"]" * 501
+
+
+def test_checked_is_given_by_name() -> None:
+    """``checked=False`` skips a proof: a positional ``False`` cannot turn it off by mistake."""
+    with pytest.raises(TypeError):
+        canonical_digest({}, False)  # type: ignore[misc]

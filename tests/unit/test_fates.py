@@ -6,6 +6,7 @@ the real worker paths are in ``tests/paths`` and ``tests/history``.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -30,12 +31,17 @@ from celery.exceptions import Ignore, Reject, Retry
 
 import celery_unique
 from celery_unique import UniqueTask, cleanup, resend
+from celery_unique import signals as unique_signals
 from celery_unique.config import runtime
 from celery_unique.duplicates import encode_arguments
 from celery_unique.headers import HEADER, VERSION, KeyHeader
 from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.signals import ReleaseReason
 from celery_unique.stores.base import (
+    GOES_ON,
+    HAND_OVER_UNDONE,
     HANDING_OVER,
+    RUNNING,
     ActiveClaim,
     Claim,
     Effect,
@@ -46,7 +52,7 @@ from celery_unique.stores.base import (
     Store,
     Verdict,
 )
-from celery_unique.worker import fates, runs
+from celery_unique.worker import alive, fates, runs
 from celery_unique.worker.fates import Fate, Settled, _exception, _outside_body
 from tests.polling import eventually
 
@@ -58,13 +64,16 @@ class Message:
         self._state = state
 
 
-def created(app: Celery, name: str) -> tuple[Store, str, str, KeyHeader]:
-    """A job created on an active key ``name``: the store, the job, the key, its header."""
+def created(
+    app: Celery, name: str, scope: Scope = Scope.ACTIVE
+) -> tuple[Store, str, str, KeyHeader]:
+    """A job created on key ``name`` (active unless ``scope`` says otherwise): the store,
+    the job, the key, its header."""
     store = runtime(app).store
     job, key = uuid.uuid4().hex, storage_key(runtime(app).namespace, ACTIVE, "", name)
-    claim = Claim(job, "fates.task", ActiveClaim(key, Scope.ACTIVE, 60_000))
+    claim = Claim(job, "fates.task", ActiveClaim(key, scope, 60_000))
     assert store.decide([claim])[0].verdict is Verdict.CREATED
-    return store, job, key, {"v": VERSION, "a": key, "s": Scope.ACTIVE.value}
+    return store, job, key, {"v": VERSION, "a": key, "s": scope.value}
 
 
 def started_run(store: Store, job: str, key: str) -> str:
@@ -312,16 +321,30 @@ class _CeleryRequest:
         self.name = "fates.task"
         self._message = Message("ACK")
         self.worker_pid = worker_pid
+        self.acknowledged = False
         #: Whether Celery's on_failure ran where a send of the job is the job going on.
         self.resending: list[bool] = []
 
     def on_accepted(self, pid: Any, time_accepted: float) -> None:
         pass
 
+    def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+        return failed__retval__runtime[1]
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        pass
+
+    def acknowledge(self) -> None:
+        self.acknowledged = True
+
+    def reject(self, requeue: bool = False) -> None:
+        self.acknowledged = True
+
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
         self.resending.append(resend._resending.get() is not None)
+        self.failure_flags = (send_failed_event, return_ok)
 
 
 class _Request(fates.FateMixin, _CeleryRequest):
@@ -579,3 +602,456 @@ def test_a_lost_run_of_a_plain_task_celery_sends_again_keeps_the_key(app: Celery
     celery.signals.worker_init.send(sender=Worker())
     ended = _ended(app, task, _from_the_pool, WorkerLostError())
     assert ended == (ACKED, KEPT if RETRIES_LOST_RUNS else FREED)
+
+
+def test_the_wait_for_an_unconfirmed_acknowledgement_is_the_documented_10_s() -> None:
+    """docs/failure-modes.md and docs/policies.md promise a release waits up to 10 s for
+    kombu to confirm an acknowledgement (the tests above shorten it to run quickly)."""
+    assert fates.ACK_WAIT_S == 10.0
+
+
+@pytest.fixture
+def released() -> Iterator[list[dict[str, Any]]]:
+    """Every key_released signal sent during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def receive(sender: Any = None, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    unique_signals.key_released.connect(receive, weak=False, dispatch_uid="test.fates")
+    yield seen
+    unique_signals.key_released.disconnect(receive, dispatch_uid="test.fates")
+
+
+@pytest.mark.parametrize(
+    ("scope", "extra", "reason", "kept"),
+    [
+        (Scope.ACTIVE, {}, ReleaseReason.FINISHED, False),
+        (Scope.EXISTS, {"r": 30_000}, ReleaseReason.FINISHED, True),
+        (Scope.QUEUED, {}, ReleaseReason.STARTED, False),
+    ],
+)
+def test_a_release_says_why_and_whether_the_key_stays_for_its_retention(
+    app: Celery,
+    released: list[dict[str, Any]],
+    scope: Scope,
+    extra: dict[str, Any],
+    reason: ReleaseReason,
+    kept: bool,
+) -> None:
+    """key_released names the job, the key and why (a queued key goes when its job
+    starts, others when it ends), and ``kept`` is true only for an ``exists`` key kept
+    for its retention."""
+    _, job, key, header = created(app, f"signalled-{scope.value}", scope)
+    header = {**header, **extra}  # type: ignore[typeddict-item]
+    fate = Fate(app, job, header, Message("ACK"))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert [(s["job_id"], s["storage_key"], s["reason"], s["kept"]) for s in released] == [
+        (job, key, reason, kept)
+    ]
+
+
+def owed_writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float | None]]:
+    """(what, ``within_s``) of every write a fate owes the store from now on, in order."""
+    owed: list[tuple[str, float | None]] = []
+    for name in ("release", "release_once_unmarked"):
+        send = getattr(cleanup, name)
+
+        def recording(*args: Any, _send: Any = send, _name: str = name, **kwargs: Any) -> Any:
+            owed.append((_name, kwargs["within_s"]))
+            return _send(*args, **kwargs)
+
+        monkeypatch.setattr(cleanup, name, recording)
+    return owed
+
+
+@pytest.mark.parametrize(("lease", "within_s"), [(timedelta(seconds=90), 90.0), (0, None)])
+def test_every_write_a_fate_owes_gives_up_with_the_lease(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, lease: Any, within_s: float | None
+) -> None:
+    """A write the store does not take is retried until the key's lease would have
+    ended it anyway (no lease: until the longest a write is owed): the run's mark,
+    the release of the job's key and of the key a replacement holds of its own, and
+    the release of a copy dropped unrun while another delivery's run holds the key."""
+    app.conf.unique_lease = lease
+    store, job, key, header = created(app, "owed")
+    own_key = created(app, "owed-own")[2]
+    owed = owed_writes(monkeypatch)
+    fate = Fate(app, job, {**header, "x": {"a": own_key, "s": "active"}}, Message("ACK"), "r1")
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert owed == [("release", within_s)] * 3  # the mark, then the own key and the job's
+    owed.clear()
+
+    store, job, key, header = created(app, "owed-copy")
+    assert (
+        store.begin_run(job, key, RunStart("r0", Scope.ACTIVE, "fates.task", 60_000)).holder is None
+    )
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)
+    eventually(lambda: len(owed) == 2, 5, "the copy's release to be owed again")
+    cleanup.discard(store)
+    assert owed == [("release", within_s), ("release_once_unmarked", within_s)]
+
+
+def test_only_the_first_settlement_of_a_message_counts(app: Celery) -> None:
+    """Celery acknowledges or rejects a message once; a second call (already
+    acknowledged) tells the fate nothing. ``reject(requeue=True)`` puts the message
+    back; a plain reject, like an acknowledgement, has the broker forget it."""
+    for settle, settled in [
+        (lambda r: r.acknowledge(), Settled.FORGOTTEN),
+        (lambda r: r.reject(), Settled.FORGOTTEN),
+        (lambda r: r.reject(requeue=True), Settled.REQUEUED),
+    ]:
+        _, job, _, header = created(app, f"settled-{uuid.uuid4().hex}")
+        request = _Request(app, job, header, worker_pid=os.getpid())
+        assert request._fate is not None
+        settle(request)
+        assert request._fate.settled is settled
+        request.reject(requeue=settled is Settled.FORGOTTEN)
+        request.acknowledge()
+        assert request._fate.settled is settled
+    assert cleanup.flush(5)
+
+
+def test_a_request_without_a_key_is_acknowledged_and_rejected_as_celery_does(app: Celery) -> None:
+    """A message without an active key of this namespace has no fate to follow:
+    acknowledging or rejecting it is Celery's alone."""
+    for settle in (lambda r: r.acknowledge(), lambda r: r.reject(), lambda r: r.reject(True)):
+        request = _Request(app, uuid.uuid4().hex, {}, worker_pid=os.getpid())  # type: ignore[typeddict-item]
+        assert request._fate is None
+        settle(request)
+        assert request.acknowledged
+
+
+def test_a_run_that_succeeds_frees_its_key_once_acknowledged(app: Celery) -> None:
+    """``on_success`` ends the run (Celery's own result comes back unchanged); a failure
+    reported through it is left to ``on_failure``; a request without a key is Celery's."""
+    store, job, key, header = created(app, "succeeded")
+    request = _Request(app, job, header, worker_pid=os.getpid())
+    fate = request._fate
+    assert fate is not None
+    request.on_accepted(os.getpid(), time.time())
+    assert request.on_success((True, "failed", 0.1)) == "failed"
+    assert not fate.ended
+    fate.message_settled(Settled.FORGOTTEN)
+    assert request.on_success((False, "result", 0.1)) == "result"
+    # The run reported its own end: nothing to wait for, no hand-over to leave in place.
+    assert (fate.handing_over, fate.pool_child) == (False, None)
+    assert cleanup.flush(5)
+    assert store.get(key) is None
+    plain = _Request(app, uuid.uuid4().hex, {}, worker_pid=os.getpid())  # type: ignore[typeddict-item]
+    assert plain.on_success((False, "plain", 0.1)) == "plain"
+
+
+def test_a_hard_time_limit_ends_the_run_and_a_soft_one_does_not(app: Celery) -> None:
+    """A hard time limit cuts the run short (the release waits for the pool child) and
+    ends the job: its key goes once the message is forgotten. A soft one only raises in
+    the body, which goes on."""
+    store, job, key, header = created(app, "timed-out")
+    request = _Request(app, job, header, worker_pid=_gone_pid())
+    fate = request._fate
+    assert fate is not None
+    request.on_accepted(request.worker_pid, time.time())
+    request.on_timeout(True, 1.0)
+    assert fate.pool_child is None
+    request.on_timeout(False, 2.0)
+    assert fate.pool_child == request.worker_pid
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert store.get(key) is None
+    plain = _Request(app, uuid.uuid4().hex, {}, worker_pid=os.getpid())  # type: ignore[typeddict-item]
+    plain.on_timeout(False, 2.0)
+    assert cleanup.flush(5)
+
+
+def test_keys_of_a_run_cut_short_wait_for_its_pool_child_to_exit(app: Celery) -> None:
+    """The pool child of a run cut short may still be on its way out: neither the job's
+    key nor the key a replacement holds of its own goes before it has exited."""
+    store, job, key, header = created(app, "cut-short")
+    own_key = storage_key(runtime(app).namespace, ACTIVE, "", "cut-short-own")
+    own = Claim(job, "fates.task", ActiveClaim(own_key, Scope.ACTIVE, 60_000))
+    assert store.decide([own])[0].verdict is Verdict.CREATED
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        fate = Fate(app, job, {**header, "x": {"a": own_key, "s": "active"}}, Message("ACK"))
+        fate.started()
+        fate.run_ended(pid=child.pid, cut_short=True, continued=False)
+        fate.message_settled(Settled.FORGOTTEN)
+        assert not cleanup.flush(0.5)  # both releases wait for the child
+        assert store.get(key) is not None
+        assert store.get(own_key) is not None
+    finally:
+        child.kill()
+        child.wait()
+    eventually(lambda: store.get(key) is None and store.get(own_key) is None, 5, "both freed")
+
+
+def test_a_key_outside_the_namespace_is_dropped_from_the_request_itself(app: Celery) -> None:
+    """A message naming a key of another namespace: the key is ignored, and removed
+    from the request so that nothing later in the worker acts on it."""
+    _, job, _, header = created(app, "confined")
+    foreign = storage_key("another-namespace", ACTIVE, "", "theirs")
+    request = _Request(app, job, {**header, "x": {"a": foreign, "s": "active"}}, os.getpid())
+    assert request._fate is not None
+    assert request._request_dict[HEADER] == header
+    assert request._fate.header == header
+    alone = _Request(app, job, {**header, "a": foreign}, os.getpid())
+    assert alone._fate is None
+    assert "a" not in alone._request_dict[HEADER]
+
+
+def test_an_acknowledgement_counts_as_made_once_the_wait_for_it_is_over() -> None:
+    """Confirmed (acknowledged or rejected): forgotten at once; requeued: never; not
+    confirmed yet: not before the wait is over, then taken as made."""
+    assert fates.forgotten_within(Message("ACK"), 60)() is True
+    assert fates.forgotten_within(Message("REJECTED"), 60)() is True
+    assert fates.forgotten_within(Message("REQUEUED"), 0)() is None
+    assert fates.forgotten_within(SimpleNamespace(), 0)() is True  # no state: taken as made
+    assert fates.forgotten(SimpleNamespace()) is False  # ...once the wait is over, not before
+    unconfirmed = fates.forgotten_within(Message("RECEIVED"), 0.3)
+    assert unconfirmed() is False
+    eventually(lambda: unconfirmed() is True, 5, "the wait to be over")
+
+
+def test_a_lost_run_of_a_job_with_only_a_window_key_is_resent_as_the_job_going_on(
+    app: Celery,
+) -> None:
+    """No active key to follow, but a window key naming the job: Celery's retry of the
+    lost run is the job going on (published whatever the window key holds). A message
+    with no key at all is Celery's alone."""
+    window = storage_key(runtime(app).namespace, "w", "", "window-only")
+    windowed = _Request(app, uuid.uuid4().hex, {"v": VERSION, "w": window}, os.getpid())
+    plain = _Request(app, uuid.uuid4().hex, {}, os.getpid())  # type: ignore[typeddict-item]
+    for request in (windowed, plain):
+        assert request._fate is None
+        request.on_failure(_reported(WorkerLostError("lost"), internal=False))
+    assert (windowed.resending, plain.resending) == ([True], [False])
+
+
+def test_only_a_delivery_that_never_ran_has_a_refused_release_owed_again(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's release that finds the key another job's is refused, and that is final:
+    it is not sent again each vouching round as an unrun copy's is."""
+    store, holder, key, header = created(app, "another-jobs")
+    owed = owed_writes(monkeypatch)
+    fate = Fate(app, uuid.uuid4().hex, header, Message("ACK"), run=uuid.uuid4().hex)
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert [name for name, _ in owed] == ["release", "release"]  # its mark, its release
+    record = store.get(key)
+    assert record is not None
+    assert record.job_id == holder
+
+
+@pytest.mark.parametrize("version", [None, VERSION - 1, VERSION + 1, str(VERSION)])
+def test_a_key_header_of_another_version_is_not_followed(app: Celery, version: Any) -> None:
+    """A header without this version (none, an older or a future one) is not read: the
+    request has no fate to follow."""
+    _, job, _, header = created(app, f"version-{version}")
+    other: dict[str, Any] = {**header, "v": version}
+    if version is None:
+        del other["v"]
+    assert _Request(app, job, other, os.getpid())._fate is None  # type: ignore[arg-type]
+    assert _Request(app, job, header, os.getpid())._fate is not None
+
+
+def test_a_request_class_gets_fates_mixed_in_once() -> None:
+    """Each request class gets one subclass with :class:`FateMixin`, reused; a class
+    that has it already is kept as it is."""
+
+    class Custom(_CeleryRequest):
+        pass
+
+    mixed = fates.with_fates(Custom)
+    assert issubclass(mixed, fates.FateMixin)
+    assert issubclass(mixed, Custom)
+    assert mixed.__name__ == "UniqueCustom"
+    assert fates.with_fates(Custom) is mixed
+    assert fates.with_fates(_Request) is _Request
+
+
+def test_a_run_cut_short_waits_for_any_process_but_this_one(app: Celery) -> None:
+    """The pool child to wait for is whatever process ran the job (its pid may be lower
+    than this one's); a run in this very process (a thread pool) leaves none."""
+    _, job, _, header = created(app, "which-child")
+    for pid, child in [(1, 1), (os.getpid() + 1, os.getpid() + 1), (os.getpid(), None)]:
+        fate = Fate(app, job, header, Message("ACK"))
+        fate.run_ended(pid=pid, cut_short=True, continued=False)
+        assert fate.pool_child == child
+    fate = Fate(app, job, header, Message("ACK"))
+    fate.run_ended(pid=1, cut_short=False, continued=False)
+    assert fate.pool_child is None  # a run that ended by itself left no child behind
+
+
+def test_a_fate_is_decided_once(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checked again (another callback of the same message), a decided fate sends nothing
+    more: the key's release goes once."""
+    _, job, _, header = created(app, "decided")
+    owed = owed_writes(monkeypatch)
+    fate = Fate(app, job, header, Message("ACK"))
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)
+    fate.check()
+    fate.message_settled(Settled.REQUEUED)
+    assert cleanup.flush(5)
+    assert owed == [("release", 3600.0)]
+    assert fate.settled is Settled.FORGOTTEN
+
+
+def test_a_job_this_worker_sent_again_keeps_its_key(app: Celery) -> None:
+    """A lost run that Celery retried from this process (the send went out): the job
+    goes on under its id, so its key stays; a send that did not go out frees it."""
+    for published, kept in [(True, True), (False, False)]:
+        store, job, key, header = created(app, f"resent-{published}")
+        fate = Fate(app, job, header, Message("ACK"))
+        fate.started()
+        fate.run_ended(pid=None, cut_short=True, continued=False)
+        fate.resent = resend.Resend(job, header, published=published)
+        fate.message_settled(Settled.FORGOTTEN)
+        assert cleanup.flush(5)
+        assert (store.get(key) is not None) is kept
+
+
+def run_writes(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The ``keep_ms`` of each batch of writes a fate owes, in order (marks of runs are
+    negative: see celery_unique.stores.base)."""
+    batches: list[list[int]] = []
+    send = cleanup.release
+
+    def recording(store: Store, hold: Release, **kwargs: Any) -> None:
+        batches.append([write.keep_ms for write in kwargs.get("first") or ()] + [hold.keep_ms])
+        send(store, hold, **kwargs)
+
+    monkeypatch.setattr(cleanup, "release", recording)
+    return batches
+
+
+def test_a_run_requeued_before_its_end_was_reported_leaves_a_hand_over_mark(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until a run reports how it ended, it may have handed its key over: requeued then,
+    its end leaves any hand-over mark to the replacement. A run that reported its own
+    end takes back a mark it left."""
+    for reported, end in [(False, [GOES_ON]), (True, [HAND_OVER_UNDONE, GOES_ON])]:
+        _, job, _, header = created(app, f"requeued-{reported}")
+        batches = run_writes(monkeypatch)
+        fate = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+        fate.started()
+        if reported:
+            fate.run_ended(pid=None, cut_short=False, continued=False)
+        fate.message_settled(Settled.REQUEUED)
+        assert cleanup.flush(5)
+        assert batches == [[RUNNING], end]
+
+
+def test_an_on_success_of_a_subclass_is_followed_too(app: Celery) -> None:
+    """The worker subclasses the request class once more per task, with an on_success of
+    its own that does not call ours: the run is followed around it (and a subclass
+    without one keeps the one it inherits)."""
+
+    class PerTask(_Request):
+        def on_success(self, failed__retval__runtime: Any, **kwargs: Any) -> Any:
+            return "its own"
+
+    class Plain(_Request):
+        pass
+
+    for request_class, returned in [(PerTask, "its own"), (Plain, "result")]:
+        store, job, key, header = created(app, f"subclass-{request_class.__name__}")
+        request = request_class(app, job, header, worker_pid=os.getpid())
+        request.on_accepted(os.getpid(), time.time())
+        assert request._fate is not None
+        request._fate.message_settled(Settled.FORGOTTEN)
+        assert request.on_success((False, "result", 0.1)) == returned
+        assert cleanup.flush(5)
+        assert store.get(key) is None
+
+
+def test_a_copy_dropped_before_an_earlier_run_was_decided_waits_for_it(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release of a copy dropped unrun waits, sent not at all, for the decision on an
+    earlier run of its job in this worker; then goes once that is decided."""
+    store, job, key, header = created(app, "deferred")
+    owed = owed_writes(monkeypatch)
+    first = Fate(app, job, header, Message("ACK"), run=started_run(store, job, key))
+    first.started()
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)
+    assert [name for name, _ in owed] == ["release"]  # the first run's mark, nothing of the copy
+    first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
+    first.message_settled(Settled.FORGOTTEN)
+    eventually(lambda: store.get(key) is None, 5, "the key to be freed")
+    assert [name for name, _ in owed][:3] == ["release", "release", "release"]
+
+
+def test_on_failure_passes_celerys_defaults_on(app: Celery) -> None:
+    """Called as Celery calls it, with the exception alone, on_failure hands Celery's
+    own defaults on: send the failed event, do not return ok."""
+    _, job, _, header = created(app, "defaults")
+    for request in (
+        _Request(app, job, header, os.getpid()),
+        _Request(app, uuid.uuid4().hex, {}, os.getpid()),  # type: ignore[typeddict-item]
+    ):
+        request.on_failure(_reported(ValueError("failed"), internal=False))
+        assert request.failure_flags == (True, False)
+    assert cleanup.flush(5)
+
+
+def test_a_copy_dropped_unrun_is_sent_again_each_vouching_round_and_its_slack(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sent again sooner than a vouching round and its slack, the release would only
+    find the other run still vouched for."""
+    app.conf.unique_lease = timedelta(seconds=90)
+    every: list[float] = []
+    send = cleanup.release_once_unmarked
+
+    def recording(*args: Any, **kwargs: Any) -> None:
+        every.append(kwargs["every_s"])
+        send(*args, **kwargs)
+
+    monkeypatch.setattr(cleanup, "release_once_unmarked", recording)
+    store, job, key, header = created(app, "vouched-copy")
+    assert (
+        store.begin_run(job, key, RunStart("r0", Scope.ACTIVE, "fates.task", 60_000)).holder is None
+    )
+    Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex).message_settled(Settled.FORGOTTEN)
+    eventually(lambda: every, 5, "the copy's release to be owed again")
+    cleanup.discard(store)
+    assert every == [alive.interval_s(90_000) + runs.BUSY_SLACK_S]
+
+
+def test_a_copy_waits_for_every_undecided_run_of_its_job_and_none_is_kept_after(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of a job started in this worker: once the first is decided, a copy
+    dropped unrun still waits for the second; once all are decided, nothing of the job
+    is left behind in the worker."""
+    store, job, key, header = created(app, "two-runs")
+    first = Fate(app, job, header, Message("ACK"), run=started_run(store, job, key))
+    second = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    first.started()
+    second.started()
+    first.run_ended(pid=None, cut_short=False, continued=True)  # Retry
+    first.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    owed = owed_writes(monkeypatch)
+    copy = Fate(app, job, header, Message("ACK"), run=uuid.uuid4().hex)
+    copy.message_settled(Settled.FORGOTTEN)
+    assert owed == []  # waits for the second run
+    second.run_ended(pid=None, cut_short=False, continued=False)
+    second.message_settled(Settled.FORGOTTEN)
+    assert cleanup.flush(5)
+    assert [name for name, _ in owed][:2] == ["release", "release"]  # the second's, the copy's
+    assert job not in fates._undecided

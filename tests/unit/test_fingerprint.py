@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
+
+from kombu import Exchange, Queue
 
 from celery_unique.arguments import json_payload
 from celery_unique.canonical import canonical_digest
@@ -83,3 +87,101 @@ def test_no_countdown_and_countdown_zero_are_the_same_request() -> None:
     """Both start the job now; a later start is another request."""
     assert started() == started(countdown=0) == started(countdown=None)
     assert started(countdown=5) != started()
+
+
+def test_a_fingerprint_is_the_digest_of_its_documented_document() -> None:
+    """Version 1 covers task, payload, routing, start, keys and extras, in these fields;
+    the stored fingerprint is 32 hex digits (128 bits) of its digest."""
+    document = {
+        "v": 1,
+        "task": "t",
+        "payload": {"a": 1},
+        "routing": {"queue": "q", "exchange": None, "routing_key": None, "priority": 3},
+        "start": {"eta": None, "countdown": 5},
+        "keys": {"window": "w"},
+        "extra": {"headers": {}, "link": None, "link_error": None},
+    }
+    fingerprint = request_fingerprint(
+        task_name="t",
+        payload={"a": 1},
+        options={"queue": "q", "priority": 3, "countdown": 5},
+        keys={"window": "w"},
+        headers=None,
+        link=None,
+        link_error=None,
+    )
+    assert fingerprint == canonical_digest(document)[:32]
+    assert re.fullmatch("[0-9a-f]{32}", fingerprint)
+
+
+def test_a_policy_digest_is_16_hex_digits() -> None:
+    """64 bits tell policies apart: the stored digest is 16 hex digits."""
+    assert re.fullmatch("[0-9a-f]{16}", policy_digest(task(max_retries=3), {}))
+
+
+def test_queues_and_exchanges_are_identified_by_name() -> None:
+    """A Queue or Exchange object and its name route the same: the same request."""
+    by_name = started(queue="q", exchange="x")
+    assert started(queue=Queue("q"), exchange=Exchange("x")) == by_name
+    assert started(queue=Queue("other"), exchange=Exchange("x")) != by_name
+
+
+def test_an_eta_as_a_datetime_is_the_same_request_as_its_iso_text() -> None:
+    """A datetime eta is compared by its ISO text; another start time is another request."""
+    eta = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    assert started(eta=eta) == started(eta=eta.isoformat())
+    assert started(eta=eta) != started(eta=eta + timedelta(seconds=1))
+
+
+def signature(task_name: str, **options: Any) -> dict[str, Any]:
+    return {"task": task_name, "args": [], "kwargs": {}, "options": options}
+
+
+def test_job_ids_of_continuations_are_not_part_of_the_request() -> None:
+    """Frozen callbacks and chains get fresh ids on every dispatch: the ids in a
+    signature's options are left out, in lists and nested signatures too, and what
+    the continuation does is kept."""
+    first = signature("notify", task_id="1", root_id="r1", parent_id="p1", queue="q")
+    again = signature("notify", task_id="2", root_id="r2", parent_id="p2", queue="q")
+    assert fingerprint(link=first) == fingerprint(link=again)
+    assert fingerprint(link_error=[first]) == fingerprint(link_error=[again])
+    assert fingerprint(chain=[first]) == fingerprint(chain=[again])
+    nested = signature("outer", link=first, group_id="g1", group_index=0)
+    nested_again = signature("outer", link=again, group_id="g2", group_index=1)
+    assert fingerprint(link=nested) == fingerprint(link=nested_again)
+    assert fingerprint(link=first) != fingerprint(link=signature("notify", queue="other"))
+    assert fingerprint(chain=[first]) != fingerprint(chain=[signature("other")])
+
+
+def test_options_outside_a_signature_keep_their_ids() -> None:
+    """Only a signature (a task name beside its options) loses its ids: a header that
+    happens to hold an ``options`` mapping is compared whole."""
+    assert fingerprint(headers={"options": {"task_id": "1"}}) != fingerprint(
+        headers={"options": {"task_id": "2"}}
+    )
+    unlike_a_signature = {"task": "t", "options": ["task_id", "1"]}
+    assert fingerprint(link=unlike_a_signature) != fingerprint(
+        link={"task": "t", "options": ["task_id", "2"]}
+    )
+
+
+def test_a_chain_counts_only_when_there_is_one() -> None:
+    """An empty chain is no chain: digests of requests without one are unchanged."""
+    assert fingerprint(chain=[]) == fingerprint(chain=None) == fingerprint()
+    assert fingerprint(chain=[signature("next")]) != fingerprint()
+
+
+def test_an_option_set_to_none_leaves_the_task_setting() -> None:
+    """``time_limit=None`` at dispatch is no override: the task's setting is digested."""
+    job = task(time_limit=60)
+    assert policy_digest(job, {"time_limit": None}) == policy_digest(job, {})
+    assert policy_digest(job, {"time_limit": None}) != policy_digest(task(), {})
+
+
+def test_an_expiry_as_a_datetime_is_digested_as_its_iso_text() -> None:
+    """``expires`` may be a datetime at dispatch: it is digested as its ISO text."""
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    job = task()
+    assert policy_digest(job, {"expires": when}) == policy_digest(
+        job, {"expires": when.isoformat()}
+    )

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
 from celery_unique import InvalidKey, keyspace
+from celery_unique.exceptions import ImproperlyConfigured, InvalidDeclaration, InvalidJobId
 from celery_unique.keyspace import (
     display_key,
     hash_tag,
     key_tag,
+    namespace_prefix,
     namespace_prefixes,
     split_storage_key,
     storage_key,
     task_tag,
+    validate_job_id,
     validate_key,
+    validate_namespace,
+    validate_task_name,
 )
 
 
@@ -136,3 +142,101 @@ def test_a_task_name_with_a_control_character_is_refused_when_defined() -> None:
     def odd() -> None: ...
 
     assert odd.name == "odd\u202ename"  # not a control character: kept exactly
+
+
+def test_a_key_error_names_what_was_checked_and_where_the_control_character_is() -> None:
+    """The message starts with what the key is (``what``) and gives a control
+    character's code point and position."""
+    with pytest.raises(InvalidKey, match=r"^window key must not be empty$"):
+        validate_key("", what="window key")
+    with pytest.raises(InvalidKey, match=r"^key contains control character U\+001F at position 3$"):
+        validate_key("abc\x1fd")
+
+
+@pytest.mark.parametrize("job_id", ["j", "x" * 10_000, "emoji 🎉", "line\u2028sep", "{braces}"])
+def test_a_valid_job_id_is_kept_exactly(job_id: str) -> None:
+    """Any length, any plane: a job id without control characters comes back as it is."""
+    assert validate_job_id(job_id) == job_id
+
+
+@pytest.mark.parametrize(
+    ("job_id", "reason"),
+    [
+        ("", "a job id must be a non-empty str, not ''"),
+        (None, "a job id must be a non-empty str, not None"),
+        (42, "a job id must be a non-empty str, not 42"),
+        ("a\nb", "contains control character U+000A: uniqueness stores cannot hold it"),
+        ("nul\x00", "contains control character U+0000"),
+        ("c1\x9f", "contains control character U+009F"),
+        ("lone\udfff", "is not valid Unicode"),
+    ],
+    ids=repr,
+)
+def test_a_job_id_a_store_cannot_hold_exactly_is_refused(job_id: Any, reason: str) -> None:
+    """invalid_job_id, carrying the id and saying why."""
+    with pytest.raises(InvalidJobId, match=re.escape(reason)) as caught:
+        validate_job_id(job_id)
+    assert caught.value.code == "invalid_job_id"
+    assert caught.value.job_id == job_id
+
+
+def test_a_task_name_is_checked_only_when_it_is_a_name() -> None:
+    """A task not named yet (``None``) passes; a control character is refused at its position."""
+    assert validate_task_name(None) is None
+    assert validate_task_name("tasks.send\u202e") is None
+    with pytest.raises(InvalidDeclaration, match=r"U\+0009 at position 5"):
+        validate_task_name("tasks\tsend")
+
+
+@pytest.mark.parametrize(
+    ("namespace", "what"),
+    [
+        ("", "is empty"),
+        ("a{b", "contains '{'"),
+        ("a}", "contains '}'"),
+        ("a\x7f", "contains '\\x7f'"),
+    ],
+)
+def test_a_namespace_that_could_collide_says_why(namespace: str, what: str) -> None:
+    with pytest.raises(ImproperlyConfigured, match=re.escape(f"{namespace!r} {what}: ")):
+        validate_namespace(namespace)
+
+
+def test_a_valid_namespace_is_kept_and_prefixes_its_keys() -> None:
+    """Both prefixes of a namespace: with its hash tag, and where spread keys start."""
+    assert validate_namespace("billing:eu") == "billing:eu"
+    assert namespace_prefix("billing") == "unique:v1:{billing}:"
+    assert namespace_prefixes("billing") == ("unique:v1:{billing}:", "unique:v1:billing:{")
+    assert hash_tag(storage_key("billing", "w", "t", "k")) == "billing"
+
+
+def test_a_release_note_is_outside_every_namespace_and_names_its_job() -> None:
+    """A note keeps the key's hash tag, sits outside the held keys' prefix, and one
+    note per (key, job)."""
+    stored = storage_key("billing", "a", "t", "k")
+    note = keyspace.release_note(stored, "job-1")
+    assert note == f"unique:released:{stored}\x1ejob-1"
+    assert hash_tag(note) == "billing"
+    assert keyspace.is_release_note(note)
+    assert not keyspace.is_release_note(stored)
+    assert not note.startswith(keyspace.PREFIX)
+
+
+def test_shown_escapes_the_last_character_of_the_first_plane_in_four_digits() -> None:
+    """U+FFFF (not printable) is ``\\uffff``: four hex digits up to the plane's end."""
+    assert keyspace.shown("a\uffff") == "a\\uffff"
+
+
+def test_a_storage_keys_tag_and_what_a_key_is_are_given_by_name() -> None:
+    """``tag`` and ``what`` are keyword-only: an extra positional argument (a key or
+    a tag given one place too far) is refused rather than taken for them."""
+    with pytest.raises(TypeError):
+        storage_key("ns", "a", "t", "k", "tag")  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        validate_key("k", "window key")  # type: ignore[misc]
+
+
+def test_a_task_tag_is_t_and_12_hex_digits() -> None:
+    """48 bits of the task name's digest, after a ``t`` (no key tag, 12 hex digits, has one)."""
+    assert re.fullmatch("t[0-9a-f]{12}", task_tag("tasks.send"))
+    assert re.fullmatch("[0-9a-f]{12}", key_tag("tasks.send", "k"))
