@@ -235,7 +235,7 @@ def plan(
                 storage_key=active[0],
                 signing_key=rt.signing_key,
             )
-            header["p"] = duplicates.on_duplicate.code
+            header["p"], header["t"] = duplicates.on_duplicate.code, task.name
         debounce = duplicates.debounce_ms
         if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:
             if not wait_ms and options.get("eta") is None:

@@ -40,6 +40,10 @@ class KeyHeader(TypedDict, total=False):
     j: str
     #: What duplicates do to the job, when not "reuse": "l" (latest), "d" (debounce).
     p: str
+    #: The task of the job whose duplicates are owed a run (with ``p``): a replacement
+    #: of another task carries it on, so the owed run is the job's own task even where
+    #: its key (``unique_prefix=False``) names none.
+    t: str
     #: The active key (``a``, ``s``, ``r``) a replacement of another task holds of its
     #: own, beside the replaced job's keys it carries on: released as its scope says.
     x: KeyHeader

@@ -98,8 +98,9 @@ class Passer:
 
 def _own_task(app: Any, header: KeyHeader, task: str | None) -> Any:
     """The task the ended job's key belongs to: the one its key is scoped to, else the
-    one its message ran. Never a name read from the store."""
-    name = split_storage_key(header["a"])[2] or task
+    one its dispatch named (a replacement of another task carries it on), else the one
+    its message ran. Never a name read from the store."""
+    name = split_storage_key(header["a"])[2] or header.get("t") or task
     return app.tasks.get(name) if name else None
 
 

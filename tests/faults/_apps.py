@@ -38,6 +38,8 @@ KEYED_REPLACER = "faults.keyed_replacer"
 OUTER = "faults.outer"
 #: A task whose duplicates it follows (``unique_on_duplicate="latest"``, keyed by customer).
 FOLLOW = "faults.follow"
+#: A plain task ``faults.follow`` replaces itself by (``replace_by_tail``).
+FOLLOW_TAIL = "faults.follow_tail"
 #: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
 #: spelled out: a plain app never imports the plugin).
 KEY_HEADER = "celery_unique"
@@ -230,6 +232,13 @@ def unique_app(spec: Spec) -> Celery:
 
 
 def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
+    @app.task(name=FOLLOW_TAIL, shared=False, bind=True)
+    def follow_tail(self: Any, customer: int, version: int) -> int:
+        """The replacement of a ``faults.follow`` run: records its run as that task does."""
+        record = [self.request.id, version, time.monotonic_ns(), time.monotonic_ns()]
+        marks_client(spec.marks_url).rpush(f"{spec.marks}:follow", json.dumps(record))
+        return version
+
     @app.task(
         name=FOLLOW,
         shared=False,
@@ -248,12 +257,14 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
         retry_once: bool = False,
         until_let_go: bool = False,
         successor: int | None = None,
+        replace_by_tail: bool = False,
     ) -> int:
         """Note the start (``follow_started``), hold (``until_let_go``: until the test sets
         ``let_go``), then record ``[job id, version, start ns, end ns]`` of the run
         (``follow``). With ``successor``, first dispatch the next job of the customer, at
         that version (a job that re-enqueues itself), noting its disposition
-        (``successors``)."""
+        (``successors``). With ``replace_by_tail``, after the hold, the run replaces itself
+        by ``faults.follow_tail`` (a plain task), which records the run."""
         start = time.monotonic_ns()
         marks = marks_client(spec.marks_url)
         marks.rpush(f"{spec.marks}:follow_started", self.request.id)
@@ -265,6 +276,8 @@ def _define_follower(app: Celery, spec: Spec, base: Any) -> None:
             time.sleep(0.05)
         if retry_once and not self.request.retries:
             raise self.retry(countdown=0.1)
+        if replace_by_tail:
+            raise self.replace(follow_tail.si(customer=customer, version=version))
         if successor is not None:
             sent = self.apply_async(kwargs={"customer": customer, "version": successor})
             marks.rpush(f"{spec.marks}:successors", sent.disposition.value)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from celery_unique import Disposition
+from celery_unique import Disposition, keyspace
 from tests.faultproxy import FaultProxy
 from tests.spawned import run_in_processes
 
@@ -236,3 +236,32 @@ def test_a_job_that_re_enqueues_itself_keeps_the_run_owed_to_a_duplicate(
         assert start_3 > end_2  # the owed run follows the successor
         with open_store(spec.store_url) as store:
             eventually(lambda: store.get(job_key(spec, "customer:13", FOLLOW)) is None)
+
+
+def test_a_job_replaced_by_another_task_on_a_shared_key_still_publishes_the_owed_run(
+    make_spec: Callable[..., Spec], start_worker: Callable[..., Worker], marks: Any
+) -> None:
+    """A key shared across tasks (``unique_prefix=False``) names no task: the job, owed a run
+    by a duplicate, replaces itself by a plain task; as that replacement ends, the owed run
+    is the job's own task, with the duplicate's arguments (not one refused as naming
+    another task than the replacement's)."""
+    spec = make_spec()
+    start_worker(spec)
+    shared = {"unique_prefix": False}
+    with producer(spec) as app:
+        follow = task_of(app, FOLLOW)
+        first = follow.apply_async(
+            kwargs={"customer": 14, "version": 0, "hold_s": 1.0, "replace_by_tail": True},
+            **shared,
+        )
+        eventually(lambda: marks.llen(f"{spec.marks}:follow_started"), what="the first run")
+        assert follow.apply_async(kwargs={"customer": 14, "version": 1}, **shared).rerun_requested
+
+        done = settled_runs(marks, spec, 2)
+        assert [(job == first.id, version) for job, version, *_ in done] == [
+            (True, 0),
+            (False, 1),
+        ], done
+        with open_store(spec.store_url) as store:
+            stored = keyspace.storage_key(spec.namespace, keyspace.ACTIVE, "", "customer:14")
+            eventually(lambda: store.get(stored) is None, what="the key to be released")
