@@ -51,7 +51,7 @@ def _operator_errors(command: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (UniquenessError, operations.AmbiguousKey) as exc:
+        except (UniquenessError, operations.AmbiguousKey, operations.OwedToDuplicates) as exc:
             raise click.ClickException(str(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
@@ -247,6 +247,13 @@ def show(ctx: click.Context, key: str, kind: str | None, as_json: bool) -> None:
 @click.option(
     "--dry-run", is_flag=True, cls=CeleryOption, help="With --all: list the keys, release none."
 )
+@click.option(
+    "--drop-owed",
+    is_flag=True,
+    cls=CeleryOption,
+    help="Release even a latest/debounce key whose job owes its duplicates a run or has not "
+    "started (what they left it is lost).",
+)
 @click.option("--yes", "-y", is_flag=True, cls=CeleryOption, help="Do not ask for confirmation.")
 @click.pass_context
 @_operator_errors
@@ -258,16 +265,19 @@ def release(
     release_all: bool,
     task: str | None,
     dry_run: bool,
+    drop_owed: bool,
     yes: bool,
 ) -> None:
     """Release KEY (or, with --all, every held key) now, so the next dispatch creates a job.
 
     The job holding it is not stopped; a duplicate of it may then run beside it.
+    A latest/debounce key whose job owes its duplicates a run (or has not started,
+    and is to run with their arguments) is kept, unless --drop-owed.
     """
     if release_all:
         if key is not None or job_id is not None:
             raise click.UsageError("--all releases every key: give no KEY and no --job-id")
-        _release_every_key(ctx, kind=kind, task=task, dry_run=dry_run, yes=yes)
+        _release_every_key(ctx, kind=kind, task=task, dry_run=dry_run, drop_owed=drop_owed, yes=yes)
         return
     if key is None:
         raise click.UsageError("give the KEY to release, or --all")
@@ -282,7 +292,7 @@ def release(
             f"Release {info.kind.value} key {info.display_key!r} held by job {info.job_id}?",
             abort=True,
         )
-    if not operations.release(app, info.storage_key, job_id=info.job_id):
+    if not operations.release(app, info.storage_key, job_id=info.job_id, drop_owed=drop_owed):
         raise click.ClickException(
             f"{info.display_key!r} was not released: it no longer points at job {info.job_id}"
         )
@@ -294,7 +304,13 @@ def _keys(count: int) -> str:
 
 
 def _release_every_key(
-    ctx: click.Context, *, kind: str | None, task: str | None, dry_run: bool, yes: bool
+    ctx: click.Context,
+    *,
+    kind: str | None,
+    task: str | None,
+    dry_run: bool,
+    drop_owed: bool,
+    yes: bool,
 ) -> None:
     """``release --all``: list what would go, ask, then release each key still held by its job."""
     app = _app(ctx)
@@ -316,11 +332,19 @@ def _release_every_key(
         return
     if not yes:
         click.confirm(f"Release the {_keys(len(held))} listed, held in {where}?", abort=True)
-    released = operations.release_many(app, held)
-    moved = len(held) - len(released)
+    spared: list[operations.KeyInfo] = []
+    released = operations.release_many(app, held, drop_owed=drop_owed, spared=spared)
+    moved = len(held) - len(released) - len(spared)
     ctx.obj.echo(
         f"released {len(released)} of {_keys(len(held))}"
         + (f"; {moved} changed hands since listed and were left alone" if moved else "")
+        + (
+            f"; {len(spared)} kept, their latest/debounce jobs owing their duplicates a run "
+            "or not started (--drop-owed releases them): "
+            + ", ".join(repr(info.display_key) for info in spared)
+            if spared
+            else ""
+        )
     )
 
 

@@ -49,6 +49,21 @@ class AmbiguousKey(LookupError):
         self.matches = matches
 
 
+class OwedToDuplicates(RuntimeError):
+    """A release refused: the key's ``latest``/``debounce`` job owes its duplicates a run, or
+    has not started and is to run with their latest arguments; releasing would lose that."""
+
+    def __init__(self, info: KeyInfo) -> None:
+        left = info.duplicates or "it has not started, and runs with its duplicates' arguments"
+        super().__init__(
+            f"{info.display_key!r} was not released: its job {info.job_id} follows its "
+            f"duplicates (latest/debounce) and releasing it would lose what they left it "
+            f"({left}); release it once the job has run, or drop that too (--drop-owed, "
+            "drop_owed=True)"
+        )
+        self.info = info
+
+
 @dataclass(frozen=True, slots=True)
 class KeyInfo:
     """One held key, as an operator reads it."""
@@ -284,7 +299,12 @@ def resolve(
 
 
 def release(
-    app: Celery, key: str, *, job_id: str | None = None, kind: KeyKind | str | None = None
+    app: Celery,
+    key: str,
+    *,
+    job_id: str | None = None,
+    kind: KeyKind | str | None = None,
+    drop_owed: bool = False,
 ) -> bool:
     """Forget a held key now; return whether it was there to forget.
 
@@ -292,26 +312,53 @@ def release(
     key that changed hands in between is left alone; with ``job_id`` the key
     is only forgotten while that job holds it. Raises :class:`AmbiguousKey`
     when ``key`` names several held keys (pass ``kind`` or the storage key).
+
+    The job goes on; but a ``latest``/``debounce`` job keeps with its key what
+    its duplicates left it (a run owed to them, the arguments it is to start
+    with). Such a key is kept, :class:`OwedToDuplicates` raised, unless
+    ``drop_owed``: then that is dropped with the key.
     """
     info = resolve(app, key, kind=kind, job_id=job_id)
-    return info is not None and _release_held(app, info)
+    if info is None:
+        return False
+    spared: list[KeyInfo] = []
+    if _release_held(app, info, drop_owed, spared):
+        return True
+    if spared:
+        raise OwedToDuplicates(spared[0])
+    return False
 
 
-def release_many(app: Celery, keys: Iterable[KeyInfo]) -> list[KeyInfo]:
+def release_many(
+    app: Celery,
+    keys: Iterable[KeyInfo],
+    *,
+    drop_owed: bool = False,
+    spared: list[KeyInfo] | None = None,
+) -> list[KeyInfo]:
     """Forget each of these held keys (as :func:`list_keys` found them); return those forgotten.
 
     Each delete is a compare-and-delete on the job the key was found with: a key
-    that changed hands since it was listed is left alone, and not returned.
+    that changed hands since it was listed is left alone, and not returned. A
+    key kept for what its job owes its duplicates (see :func:`release`) is
+    appended to ``spared``.
     """
-    return [info for info in keys if _release_held(app, info)]
+    kept: list[KeyInfo] = [] if spared is None else spared
+    return [info for info in keys if _release_held(app, info, drop_owed, kept)]
 
 
-def _release_held(app: Celery, info: KeyInfo) -> bool:
-    released = runtime(app).store.delete(info.storage_key, job_id=info.job_id)
+def _release_held(app: Celery, info: KeyInfo, drop_owed: bool, spared: list[KeyInfo]) -> bool:
+    store = runtime(app).store
+    released = store.delete(info.storage_key, job_id=info.job_id, spare_owed=not drop_owed)
     if released:
         emit_released(
             app, info.job_id, info.storage_key, task_name=info.task, reason=ReleaseReason.OPERATOR
         )
+    elif not drop_owed:
+        # Still the job's: the store kept it for its duplicates (else it changed hands).
+        held = store.get(info.storage_key)
+        if held is not None and held.job_id == info.job_id:
+            spared.append(KeyInfo.of(held))
     return released
 
 

@@ -115,6 +115,17 @@ def carries_owed(record: Record) -> bool:
     return record.owed is not None and record.handed_from is not None
 
 
+def owes_duplicates(record: Record) -> bool:
+    """Whether an operator's release of ``record`` would lose what the job's duplicates left
+    it: the run owed to them, or the latest arguments of a job that has not started."""
+    return (
+        record.kind is KeyKind.ACTIVE
+        and not record.finished
+        and record.on_duplicate is not OnDuplicate.REUSE
+        and (record.owed is not None or record.run is None)
+    )
+
+
 def _planned_start(due: int | None, now: int, wall: int) -> int | None:
     """A planned start on the store's clock, as ms since the epoch (``wall`` is ``now``)."""
     return None if due is None else wall + due - now
@@ -519,14 +530,19 @@ def renewing(hold: Hold, lease_ms: int | None, alive_ms: int | None = None) -> C
     return change
 
 
-def forgetting(job_id: str | None, forgotten: list[Record] | None = None) -> Change:
-    """Delete the key (an operator's release); with ``job_id``, only while it holds it.
+def forgetting(
+    job_id: str | None, forgotten: list[Record] | None = None, *, spare_owed: bool = False
+) -> Change:
+    """Delete the key (an operator's release); with ``job_id``, only while it holds it;
+    with ``spare_owed``, not while :func:`owes_duplicates`.
 
     ``forgotten`` receives the record deleted, for :func:`noting`.
     """
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or job_id not in (None, record.job_id):
+            return UNCHANGED
+        if spare_owed and owes_duplicates(record):
             return UNCHANGED
         if forgotten is not None:
             forgotten[:] = [record]
@@ -640,12 +656,12 @@ class RecordStore(Store):
     ) -> int:
         return sum(self._change([(hold.key, renewing(hold, lease_ms, alive_ms)) for hold in holds]))
 
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+    def delete(self, key: str, *, job_id: str | None = None, spare_owed: bool = False) -> bool:
         if job_id is None:
-            return self._change([(key, forgetting(None))])[0]
+            return self._change([(key, forgetting(None, spare_owed=spare_owed))])[0]
         forgotten: list[Record] = []
         changes = [
-            (key, forgetting(job_id, forgotten)),
+            (key, forgetting(job_id, forgotten, spare_owed=spare_owed)),
             (release_note(key, job_id), noting(forgotten)),
         ]
         return self._change(changes)[0]

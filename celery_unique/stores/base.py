@@ -479,8 +479,13 @@ class Store(ABC):
         """Every held key whose storage key starts with ``prefix``; writes nothing."""
 
     @abstractmethod
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+    def delete(self, key: str, *, job_id: str | None = None, spare_owed: bool = False) -> bool:
         """Forget ``key`` (an operator's release); with ``job_id``, only if it still holds it.
+
+        With ``spare_owed``, a hold whose job follows its duplicates (``latest``,
+        ``debounce``) is kept (``False`` returned) while deleting it would lose
+        what they left: a run owed to them, or, the job not started yet, the
+        latest arguments it is to run with.
 
         An operator's release never stops the job: with ``job_id``, the store
         notes (:func:`~celery_unique.keyspace.release_note`, for as long as the

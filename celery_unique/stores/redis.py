@@ -721,9 +721,9 @@ class RedisStore(Store):
                 if held is not None and kind in (None, held.kind):
                     yield held
 
-    def delete(self, key: str, *, job_id: str | None = None) -> bool:
+    def delete(self, key: str, *, job_id: str | None = None, spare_owed: bool = False) -> bool:
         keys = [key] if job_id is None else [key, release_note(key, job_id)]
-        return bool(self._call("forget", keys, [job_id or ""]))
+        return bool(self._call("forget", keys, [job_id or "", "1" if spare_owed else ""]) == 1)
 
     def eviction(self) -> tuple[int, str] | None:
         with self._commands():

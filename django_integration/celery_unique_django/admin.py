@@ -188,14 +188,28 @@ class StoreKeyAdmin(ReadOnlyAdmin):
         if not wanted or request.POST.get("action") != "release":
             messages.warning(request, "Select keys to release.")
             return HttpResponseRedirect(request.get_full_path())
-        released = 0
+        released, spared = 0, []
         try:
             for key, job_id in wanted:
-                released += operations.release(app, key, job_id=job_id)
+                try:
+                    released += operations.release(app, key, job_id=job_id)
+                except operations.OwedToDuplicates as kept:
+                    spared.append(kept.info.display_key)
         except UniquenessError as exc:
             messages.error(request, f"The uniqueness store failed: {exc}")
-        messages.success(request, _released_message(released, len(wanted)))
+        messages.success(request, _released_message(released, len(wanted) - len(spared)))
+        _warn_spared(request, spared)
         return HttpResponseRedirect(request.get_full_path())
+
+
+def _warn_spared(request: HttpRequest, spared: list[str]) -> None:
+    if spared:
+        messages.warning(
+            request,
+            f"{len(spared)} kept: a latest/debounce job owes its duplicates a run, or has not "
+            f"started and runs with their arguments ({', '.join(spared)}); release them with "
+            "`celery unique release --drop-owed` to drop that",
+        )
 
 
 def _released_message(released: int, selected: int) -> str:
@@ -343,8 +357,18 @@ class UniqueKeyAdmin(ReadOnlyAdmin):
     def release_keys(self, request: HttpRequest, queryset: QuerySet[UniqueKey]) -> None:
         rows = list(queryset.values_list("key", "job_id"))
         with _store_on(queryset.db) as store:
-            released = sum(store.delete(key, job_id=job_id) for key, job_id in rows)
-        self.message_user(request, _released_message(released, len(rows)), messages.SUCCESS)
+            released = sum(
+                store.delete(key, job_id=job_id, spare_owed=True) for key, job_id in rows
+            )
+            spared = [
+                short_key(key)
+                for key, job_id in rows
+                if (held := store.get(key)) is not None and held.job_id == job_id
+            ]
+        self.message_user(
+            request, _released_message(released, len(rows) - len(spared)), messages.SUCCESS
+        )
+        _warn_spared(request, spared)
 
 
 @contextmanager

@@ -406,3 +406,32 @@ def test_a_debounced_start_planned_later_is_never_moved_earlier(store: Store) ->
     )[0]
     assert duplicate.effect is Effect.POSTPONED
     assert duplicate.starts_at_ms == created.starts_at_ms
+
+
+def test_an_operator_release_spares_what_duplicates_left_unless_told_to_drop_it(
+    store: Store,
+) -> None:
+    """Released while its job has not started (it runs with its duplicates' arguments) or
+    while it owes them a run, a latest key is kept when asked to spare that; a started job
+    that owes nothing is released; asked not to spare, any is."""
+    store.decide([claim("j1", "args-1")])
+    store.decide([claim("d1", "args-2")])
+    assert store.delete(A, job_id="j1", spare_owed=True) is False
+    assert begin(store, "j1", "r1").arguments == "args-2"  # still there, and used
+    assert store.delete(A, job_id="j1", spare_owed=True) is True  # started, owes nothing
+
+    store.decide([claim("j2", "args-3")])
+    begin(store, "j2", "r2")
+    assert store.decide([claim("d2", "args-4")])[0].effect is Effect.RERUN_REQUESTED
+    assert store.delete(A, job_id="j2", spare_owed=True) is False
+    assert store.pass_on("j2", A, "r2", LONG) == FollowUp("d2", "args-4", "tasks.reindex")
+
+    store.decide([claim("j3", "args-5")])  # the owed run d2 holds it, not started
+    assert store.delete(A, job_id="d2", spare_owed=True) is False
+    assert store.delete(A, job_id="d2") is True
+    assert store.get(A) is None
+
+
+def test_a_reuse_key_is_released_whether_or_not_asked_to_spare(store: Store) -> None:
+    store.decide([claim("j1", "args-1", policy=OnDuplicate.REUSE)])
+    assert store.delete(A, job_id="j1", spare_owed=True) is True

@@ -112,6 +112,19 @@ def charge(request_id, amount):
 def export(tenant, request_id):
     """Export a tenant's data: one export per tenant across every task sharing the key."""
     return tenant
+
+
+@app.task(
+    base=UniqueTask,
+    shared=False,
+    name="cli.digest",
+    unique_key=lambda job: f"tenant:{{job.tenant}}",
+    unique_while="active",
+    unique_on_duplicate="latest",
+)
+def digest(tenant, version):
+    """Send a tenant's digest: the latest version asked for wins."""
+    return version
 '''
 
 
@@ -503,3 +516,27 @@ def test_bulk_release_leaves_a_key_that_changed_hands(cli_app: CliApp) -> None:
     released = operations.release_many(app, listed)
     assert [info.display_key for info in released] == ["cli.report:tenant:2"]
     assert [info.job_id for info in operations.list_keys(app)] == [again]
+
+
+def test_release_keeps_a_latest_key_whose_duplicates_left_it_arguments_unless_told(
+    cli_app: CliApp,
+) -> None:
+    """A latest job not started yet runs with its duplicate's arguments: release (one key or
+    --all) keeps its key, saying why, and only --drop-owed releases it."""
+    digest = cli_app.module.digest
+    job = digest.delay(1, "v1")
+    assert digest.delay(1, "v2").arguments_replaced
+    stored = cli_app.storage_key("a", "cli.digest", "tenant:1")
+
+    refused = cli_app.run("release", "cli.digest:tenant:1", "--yes")
+    assert refused.returncode == 1
+    assert f"its job {job.id} follows its duplicates" in refused.stderr
+    assert "(latest arguments " in refused.stderr
+    assert "--drop-owed" in refused.stderr
+    bulk = cli_app.ok("release", "--all", "--yes")
+    assert "released 0 of 1 key; 1 kept" in bulk
+    assert "'cli.digest:tenant:1'" in bulk
+    assert cli_app.store.get(stored).job_id == job.id  # type: ignore[union-attr]
+
+    cli_app.ok("release", "cli.digest:tenant:1", "--yes", "--drop-owed")
+    assert cli_app.store.get(stored) is None

@@ -84,6 +84,13 @@ local function carries_owed(r)
   return r.owed ~= "" and r.from ~= ""
 end
 
+-- Whether an operator's release of r would lose what the job's duplicates left it: the
+-- run owed to them, or the latest arguments of a job that has not started.
+local function owes_duplicates(r)
+  return r.kind ~= "w" and r.finished ~= "1" and (r.follows or "") ~= ""
+    and (r.owed ~= "" or r.run == "")
+end
+
 -- Whether a delivery of the job that its worker still vouches alive marks r (not
 -- one that handed the job over).
 local function run_alive(r, now)
