@@ -404,7 +404,7 @@ def build(spec: Spec, *, role: str) -> Celery:
 
 def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) -> None:
     """One producer process: dispatch at random until ``until`` (a ``time.time()``)."""
-    from celery_unique import UniquenessError, cleanup, dispatch_many
+    from celery_unique import UniquenessError, cleanup, dispatch_many, operations
     from celery_unique import config as unique_config
 
     proc = f"p{index}"
@@ -471,6 +471,34 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
             follows = {"policy": options["unique_on_duplicate"], "nonce": args["nonce"]}
         return task, args, {"key": key, "scope": scope, **options, **follows}
 
+    def operator_release(key: str) -> None:
+        """Release ``key`` as an operator does (``celery unique release``): its job goes on,
+        beside the next one; a key whose job owes its duplicates something is kept."""
+        t0 = now()
+        try:
+            info = operations.resolve(app, key, kind="active")
+            if info is None:
+                return
+            try:
+                released, spared = (
+                    operations.release(app, info.storage_key, job_id=info.job_id),
+                    False,
+                )
+            except operations.OwedToDuplicates:
+                released, spared = False, True
+        except UniquenessError:  # the store is down: no release this time
+            return
+        record(
+            "operator_release",
+            proc=proc,
+            key=key,
+            job=info.job_id,
+            t0=t0,
+            t1=now(),
+            released=released,
+            spared=spared,
+        )
+
     def window() -> tuple[Any, dict[str, Any], dict[str, Any]]:
         wkey = f"w{draw.randrange(spec.window_keys)}"
         req = draw.choice("AB")
@@ -532,6 +560,8 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
                     except Exception:  # the broker is down: no revoke this time
                         continue
                     record("revoke", proc=proc, job=victim, t=t0)
+            elif roll < 0.315:
+                operator_release(f"k{draw.randrange(spec.keys)}")
             else:
                 task, args, meta = active(draw.choice(["chaos.job", "chaos.job", "chaos.given"]))
                 jid = uuid.uuid4().hex

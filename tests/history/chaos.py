@@ -475,6 +475,8 @@ def render(outcome: Outcome) -> str:
                 "arguments replaced (latest/debounce)",
                 "runs owed (latest/debounce)",
                 "owed runs published",
+                "operator releases",
+                "operator releases kept for duplicates",
             )
         ),
     ]

@@ -28,6 +28,9 @@ one clock for every process of a Linux machine):
 ``settled`` (any process): ``proc``, ``t``: the process owed the store nothing any more.
 ``followed`` (a worker's main process): ``job``, ``of``, ``t``: it published the run that
     ``latest``/``debounce`` duplicates of job ``of`` owed it, as job ``job``.
+``operator_release`` (a producer, as an operator): ``job``, ``key``, ``t0``/``t1``,
+    ``released`` (the key was the job's and is freed: the job goes on, beside the next),
+    ``spared`` (kept: the job owes its duplicates a run or their arguments).
 ``kill`` (the orchestrator): ``pids``, ``node``, ``t``, ``whole`` (the node) or a child.
 ``fault`` (the orchestrator): ``kind``, ``t0``, ``t1``: the store or broker was impaired.
 ``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
@@ -43,7 +46,8 @@ I1 at most one run per active key at a time
     Runs of two jobs under one key never overlap when the later-created job
     was created while the earlier one held the key in scope ``active`` or
     ``exists`` (a ``queued`` key is free once its job starts: overlap there
-    is by design).
+    is by design; so is overlap after an operator released the earlier job's
+    key, which frees the key and never stops or drops its job).
 I2 no phantom holder
     A dispatch handed an existing job (``reused``) names a job that was
     created, and that could still run when the dispatch began, or whose end
@@ -527,6 +531,10 @@ def check(history: History) -> Report:
         ),
         "runs owed (latest/debounce)": sum(item.get("effect") == "rerun" for item in items),
         "owed runs published": sum(1 for _ in history.of("followed")),
+        "operator releases": sum(e["released"] for e in history.of("operator_release")),
+        "operator releases kept for duplicates": sum(
+            e["spared"] for e in history.of("operator_release")
+        ),
         "lease lapses": len(lapses),
         "messages lost by the Redis transport": len(lost),
         "uncertain publishes that ran": len(
@@ -546,6 +554,7 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
     found: list[Violation] = []
     lease_ns = _lease_ns(history)
     closing = max((_time(event) for event in history.events), default=0)
+    operator = _operator_releases(history)
     by_key: dict[str, list[tuple[int, int, Job]]] = defaultdict(list)
     for job in jobs.values():
         if job.key is None:
@@ -563,6 +572,10 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
                 if other.id == job.id:
                     continue
                 first, later = sorted((job, other), key=lambda j: j.created)
+                if any(
+                    t <= later.dispatch.get("t1", later.created) for t in operator.get(first.id, ())
+                ):
+                    continue  # an operator released its key: the next job runs beside it
                 if first.freed_before(later):
                     # The earlier job had ended and freed its key when the later one
                     # was created: a copy of it the broker delivered again ran, which
@@ -588,6 +601,15 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
                     )
                 )
     return found
+
+
+def _operator_releases(history: History) -> dict[str, list[int]]:
+    """When an operator's release of each job's key began, for the releases that freed it."""
+    released: dict[str, list[int]] = defaultdict(list)
+    for event in history.of("operator_release"):
+        if event["released"]:
+            released[event["job"]].append(event["t0"])
+    return released
 
 
 # -- I2 -------------------------------------------------------------------------------

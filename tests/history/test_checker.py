@@ -135,6 +135,40 @@ def test_i1_a_copy_of_a_job_whose_release_landed_may_run_beside_a_queued_job() -
     assert violations(events("active")) == {"I1": 1}
 
 
+def operator_release(job: str, t: float, released: bool = True) -> dict[str, Any]:
+    return {
+        "e": "operator_release",
+        "proc": "p9",
+        "job": job,
+        "key": "k",
+        "t0": int(t * S),
+        "t1": int((t + 0.001) * S),
+        "released": released,
+        "spared": not released,
+    }
+
+
+def test_i1_allows_the_next_job_beside_one_whose_key_an_operator_released() -> None:
+    """An operator's release frees the key and leaves its job running: a job created after
+    it may run beside it. Created before it, or after a release that was refused (the key
+    kept for the job's duplicates), it may not."""
+
+    def events(release_at: float, freed: bool = True) -> History:
+        return history(
+            dispatch(1.0, created("J1")),
+            run("J1", 1.1, 2.0),
+            operator_release("J1", release_at, freed),
+            dispatch(1.3, created("J2"), proc="p1"),
+            run("J2", 1.5, 1.8, pid=2),
+            released("J1", 2.01),
+            released("J2", 1.81),
+        )
+
+    assert violations(events(1.2)) == {}
+    assert violations(events(1.4)) == {"I1": 1}
+    assert violations(events(1.2, freed=False)) == {"I1": 1}
+
+
 def test_i2_catches_a_reuse_of_a_job_nobody_created() -> None:
     """A reuse naming a job no dispatch created (and no lost answer explains) is a phantom."""
     bad = history(dispatch(1.0, reused("ghost")))
