@@ -126,7 +126,8 @@ def _prepare(index: int, signature: Signature[Any]) -> _Item:
             )
         task = app.tasks[name]  # KeyError, as Celery itself would raise
     overrides = take_dispatch_options(options)
-    job_id = options.pop("task_id", None) or uuid()
+    chosen = options.pop("task_id", None)
+    job_id = chosen or uuid()
     link, link_error = options.pop("link", None), options.pop("link_error", None)
     args, kwargs = as_sent(task, signature.args, signature.kwargs, options)
     item = _Item(index, task, args, kwargs, options, job_id, link, link_error)
@@ -140,6 +141,7 @@ def _prepare(index: int, signature: Signature[Any]) -> _Item:
             item.kwargs,
             options,
             job_id=job_id,
+            id_chosen=chosen is not None,
             link=link,
             link_error=link_error,
             rt=runtime(app),

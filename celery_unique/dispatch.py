@@ -127,11 +127,17 @@ def plan(
     options: Mapping[str, Any],
     *,
     job_id: str,
+    id_chosen: bool = True,
     link: Any = None,
     link_error: Any = None,
     rt: Runtime,
 ) -> Plan | None:
-    """The claim and header for one dispatch, or ``None`` when it has no keys."""
+    """The claim and header for one dispatch, or ``None`` when it has no keys.
+
+    ``id_chosen``: the job id came with the dispatch (a caller's ``task_id``, a
+    frozen signature's), so another dispatch may share it; the claim then gets a
+    generation of its own. An id made here for this dispatch needs none.
+    """
     dispatch_key = KeySpec.parse(overrides.get("unique_key"), "unique_key")
     dispatch_window_key = KeySpec.parse(overrides.get("unique_window_key"), "unique_window_key")
     raw_window = overrides.get("unique_window")
@@ -254,9 +260,11 @@ def plan(
             arguments=stored_arguments,
             debounce_ms=debounce,
             debounce_max_ms=duplicates.debounce_max_ms,
-            generation=(generation := next_generation()),
+            generation=(generation := next_generation() if id_chosen else None),
         )
-        header["a"], header["s"], header["g"] = active[0], scope.value, generation
+        header["a"], header["s"] = active[0], scope.value
+        if generation is not None:
+            header["g"] = generation
         if scope is Scope.EXISTS:
             header["r"] = (
                 declaration.retention_ms
@@ -749,6 +757,7 @@ def apply_unique(
         kwargs,
         options,
         job_id=job_id,
+        id_chosen=task_id is not None,
         link=link,
         link_error=link_error,
         rt=rt,

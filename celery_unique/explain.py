@@ -206,6 +206,7 @@ def explain_dispatch(
         kwargs,
         options,
         job_id=task_id or uuid(),
+        id_chosen=task_id is not None,
         link=link,
         link_error=link_error,
         rt=rt,

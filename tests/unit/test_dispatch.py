@@ -447,3 +447,25 @@ def test_a_release_ends_only_the_hold_of_its_own_dispatch(
     assert refresh.apply_async(task_id="fixed").disposition is Disposition.REUSED
     release(second, finished=False)
     assert store_keys(app) == []
+
+
+def test_only_a_job_id_the_dispatch_brings_gets_a_generation(
+    app: Celery, published: list[Any]
+) -> None:
+    """An id made for the dispatch is its own: no other dispatch shares it, so its header
+    (and the key it creates) carries no generation. A caller's task_id, or a
+    signature's frozen one, may come again: those get one, each its own."""
+
+    @app.task(shared=False, base=UniqueTask, unique_key=lambda job: f"n:{job.n}")
+    def refresh(n: int) -> None:
+        return None
+
+    made = refresh.delay(1)
+    assert "g" not in published[-1][HEADER]
+    refresh.apply_async((2,), task_id="chosen")
+    chosen = published[-1][HEADER]["g"]
+    signature = refresh.s(3)
+    signature.freeze()
+    signature.apply_async()
+    assert published[-1][HEADER]["g"] not in ("", chosen)
+    assert made.disposition is Disposition.CREATED
