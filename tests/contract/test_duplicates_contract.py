@@ -165,6 +165,27 @@ def test_only_a_debounced_job_is_postponed_and_its_cap_bounds_its_lease(store: S
     assert held.expires_in_ms <= expiry  # capped: the duplicate's longer lease is not taken
 
 
+def test_an_uncapped_debounce_takes_the_longer_lease_of_its_duplicate(store: Store) -> None:
+    """Without a cap nothing bounds the planned start, so the hold lasts at least the
+    latest duplicate's lease past it: the job is not lost while its start moves on."""
+    debounced = Claim(
+        "j1",
+        "tasks.reindex",
+        ActiveClaim(A, Scope.ACTIVE, 1_000, OnDuplicate.DEBOUNCE, "a", 300),
+    )
+    store.decide([debounced])
+    again = Claim(
+        "d1",
+        "tasks.reindex",
+        ActiveClaim(A, Scope.ACTIVE, LONG, OnDuplicate.DEBOUNCE, "b", 300),
+    )
+    assert store.decide([again])[0].effect is Effect.POSTPONED
+    held = store.get(A)
+    assert held is not None
+    assert held.expires_in_ms is not None
+    assert held.expires_in_ms > LONG - 5_000
+
+
 def test_a_follow_up_that_could_not_be_published_gives_the_key_back(store: Store) -> None:
     store.decide([claim("j1", "args-1")])
     begin(store, "j1", "r1")
@@ -195,6 +216,8 @@ def test_debounce_plans_the_start_and_each_duplicate_moves_it_up_to_the_cap(stor
     early = begin(store, "j1", "r0")
     assert early.wait_ms is not None
     assert 0 < early.wait_ms <= 1200
+    # The time left until the planned start, on the store's clock.
+    assert early.wait_ms >= 1200 - (now_ms() - before) - CLOCK_SLACK_MS
     assert store.get(A).run is None  # type: ignore[union-attr]  # not marked: it did not run
 
     time.sleep(0.9)

@@ -854,3 +854,54 @@ def test_a_release_without_a_generation_ends_any_dispatch(store: Store) -> None:
     assert store.release_many([Release("t", A, 0)]) == [True]
     decide(store, active("t", scope=Scope.ACTIVE))
     assert store.release_many([Release("t", A, 0, None, "g9")]) == [True]
+
+
+def test_an_operators_release_by_job_of_a_key_that_leaves_no_note_says_so(store: Store) -> None:
+    """Only an unfinished active hold leaves a release note; releasing a window key or a
+    finished key its job holds says True all the same."""
+    decide(store, windowed("j1"))
+    assert store.delete(W, job_id="j1") is True
+    assert store.get(W) is None
+    decide(store, active("j2", scope=Scope.EXISTS))
+    assert store.release("j2", A, keep_ms=LONG) is True
+    held = store.get(A)
+    assert held is not None
+    assert held.finished
+    assert store.delete(A, job_id="j2") is True
+    assert store.get(A) is None
+
+
+def test_an_operators_release_of_a_missing_or_expired_key_releases_nothing(store: Store) -> None:
+    assert store.delete(A) is False
+    assert store.delete(A, job_id="j1") is False
+    decide(store, active("j1", lease=50))
+    time.sleep(0.1)
+    assert store.delete(A) is False
+    assert store.delete(A, job_id="j1") is False
+
+
+def test_a_start_lengthens_a_lease_and_leaves_a_hold_without_one_as_it_is(store: Store) -> None:
+    """The run's lease only pushes an expiry that would come sooner: a hold that never
+    expires keeps never expiring, and a start without a lease keeps the expiry there is."""
+    decide(store, active("j1", scope=Scope.ACTIVE, lease=None))
+    assert start(store, "j1", "r1", lease=LONG) is None  # its own key: no other holder
+    held = store.get(A)
+    assert held is not None
+    assert held.expires_in_ms is None
+    decide(store, active("j2", key=B, scope=Scope.ACTIVE, lease=LONG))
+    assert start(store, "j2", "r2", key=B, lease=None) is None
+    held = store.get(B)
+    assert held is not None
+    assert held.expires_in_ms is not None
+    assert held.expires_in_ms > LONG - 5_000
+
+
+def test_release_takes_its_arguments_by_name(store: Store) -> None:
+    """As Store declares them: job_id and key by position or by name, keep_ms by name only;
+    the same for an operator's release (delete)."""
+    decide(store, active("j1"))
+    assert store.release(job_id="j1", key=A, keep_ms=0) is True
+    assert store.get(A) is None
+    decide(store, active("j2"))
+    assert store.delete(key=A, job_id="j2") is True
+    assert store.get(A) is None

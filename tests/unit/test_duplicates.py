@@ -7,6 +7,7 @@ The worker's side is proved on a real prefork worker in
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from datetime import datetime, timedelta, timezone
@@ -25,7 +26,8 @@ from celery_unique import (
     UniqueTask,
 )
 from celery_unique.config import runtime
-from celery_unique.duplicates import decode_arguments, encode_arguments
+from celery_unique.duplicates import decode_arguments, encode_arguments, parse_policy
+from celery_unique.stores.base import OnDuplicate
 
 _names = itertools.count()
 #: A planned start is told to the millisecond (the store's clock, read in whole ms).
@@ -68,6 +70,10 @@ def define(app: Celery, **options: Any) -> Any:
         ),
         ({"unique_debounce_max": 5}, InvalidWindow, "needs unique_debounce"),
         ({"unique_latest_max_bytes": 0}, InvalidDeclaration, "positive number of bytes"),
+        ({"unique_latest_max_bytes": -1}, InvalidDeclaration, "not -1"),
+        ({"unique_latest_max_bytes": True}, InvalidDeclaration, "not True"),
+        ({"unique_latest_max_bytes": 1024.0}, InvalidDeclaration, "not 1024.0"),
+        ({"unique_latest_max_bytes": "1024"}, InvalidDeclaration, "not '1024'"),
         ({"unique_latest_max_bytes": 16 * 2**20 + 1}, InvalidDeclaration, r"at most 16,777,216"),
     ],
 )
@@ -76,6 +82,39 @@ def test_a_policy_that_cannot_work_is_refused_at_definition(
 ) -> None:
     with pytest.raises(error, match=says):
         define(app, **options)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"unique_window_key": "w", "unique_window": 60}, id="window key"),
+        pytest.param({"unique_while": "queued"}, id="queued"),
+        pytest.param(
+            {"unique_on_duplicate": "debounce", "unique_debounce": 5, "unique_debounce_max": 5},
+            id="cap equal to the debounce",
+        ),
+    ],
+)
+def test_what_the_policy_allows_is_defined(app: Celery, options: dict[str, Any]) -> None:
+    """``reuse`` (the default) follows no duplicate, so any key suits it; a debounce may be
+    capped at itself (each duplicate then leaves the start where the first put it)."""
+    define(app, **options)
+
+
+def test_a_policy_cannot_be_changed_once_checked() -> None:
+    """A task's declared policy is shared by its dispatches: one given per dispatch is a
+    new policy over it, never a change of it."""
+    declared = parse_policy({"unique_on_duplicate": "latest"})
+    given = parse_policy({"unique_on_duplicate": "reuse"}, base=declared)
+    assert (declared.on_duplicate, given.on_duplicate) == (OnDuplicate.LATEST, OnDuplicate.REUSE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        declared.on_duplicate = OnDuplicate.REUSE  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bound", [1, 16 * 2**20])
+def test_a_bound_of_one_byte_or_exactly_16_mib_is_allowed(app: Celery, bound: int) -> None:
+    job = define(app, unique_on_duplicate="latest", unique_latest_max_bytes=bound)
+    assert job.unique_latest_max_bytes == bound
 
 
 def test_a_policy_given_per_dispatch_needs_an_overridable_task(app: Celery) -> None:
@@ -117,6 +156,18 @@ def test_arguments_exactly_at_the_bound_are_kept_and_one_byte_more_refused(
         job.delay(customer=2, note="x" * 51)
     assert refused.value.code == "invalid_payload"
     assert [held.job_id for held in runtime(app).store.scan()] == [published[0]["id"]]
+    assert len(published) == 1
+
+
+def test_the_bound_is_64_kib_unless_declared(app: Celery, published: list[dict[str, Any]]) -> None:
+    """Without ``unique_latest_max_bytes`` a key keeps arguments of 65,536 bytes, no more."""
+    job = define(app, unique_on_duplicate="latest")
+    overhead = len(dumps([[], {"customer": 1, "note": ""}], serializer="json")[2].encode())
+    assert job.delay(customer=1, note="x" * (64 * 1024 - overhead)).disposition is (
+        Disposition.CREATED
+    )
+    with pytest.raises(InvalidPayload, match="65,537 bytes, more than"):
+        job.delay(customer=2, note="x" * (64 * 1024 - overhead + 1))
     assert len(published) == 1
 
 

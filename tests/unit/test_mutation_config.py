@@ -31,6 +31,9 @@ def test_every_module_and_test_file_exists(config: dict[str, Any]) -> None:
         assert spec["tests"], module
         for test in spec["tests"]:
             assert (ROOT / test).is_file(), test
+        args = spec.get("args", [])
+        assert isinstance(args, list), module
+        assert all(isinstance(arg, str) for arg in args), module
 
 
 def test_every_accepted_survivor_names_a_line_its_module_still_has(config: dict[str, Any]) -> None:

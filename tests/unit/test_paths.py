@@ -83,8 +83,10 @@ def test_index_and_quoted_digits_differ() -> None:
         ('."ab', "unterminated string starting at offset 1 in path '.\"ab'"),
         ('.a["b]', "unterminated string starting at offset 3 in path '.a[\"b]'"),
         ('."ab\\"', "unterminated string starting at offset 1"),
+        ('."ab\\', "unterminated string starting at offset 1"),
         (".a[0", "expected ']' at offset 4 in path '.a[0': to close the '[' at offset 2"),
         ('.a["b"', "expected ']' at offset 6"),
+        ('.a["b"x]', "expected ']' at offset 6"),
         (".a[]", "expected an index or a string at offset 3 in path '.a[]'"),
         (".a[x]", "bad index 'x' at offset 3 in path '.a[x]'"),
         (".a[1.5]", "bad index '1.5' at offset 3"),
@@ -101,6 +103,7 @@ def test_index_and_quoted_digits_differ() -> None:
         (".1a", "found '1'; quote keys that are not identifiers"),
         (".é", "found 'é'; quote keys that are not identifiers"),
         ('."a\\qb"', "invalid \\escape in string at offset 3"),
+        ('.a["a\\qb"]', "invalid \\escape in string at offset 5"),
         ('."a\tb"', "invalid control character in string at offset 3"),
     ],
 )
@@ -113,6 +116,22 @@ def test_malformed_paths_say_what_and_where(text: str, message: str) -> None:
     assert caught.value.code == "invalid_path"
     assert isinstance(caught.value, InvalidDeclaration)
     assert isinstance(caught.value, ValueError)
+
+
+def test_a_long_path_is_read_to_its_end() -> None:
+    """Offsets past 256 (ints CPython keeps no single object for) end a path as short ones do."""
+    key = "k" * 300
+    assert parse_path(f".{key}").segments == (key,)
+    with pytest.raises(InvalidPath, match=r"at offset 302 .*: found the end of the path"):
+        parse_path(f".{key}.")
+    with pytest.raises(InvalidPath, match="expected ']' at offset 304"):
+        parse_path(f'.{key}[""')
+
+
+def test_a_quoted_key_keeps_its_characters_in_the_text() -> None:
+    """Only what JSON must escape is escaped: a key outside ASCII reads as it was written."""
+    assert render_path(["prénom", "日本"]) == '."prénom"."日本"'
+    assert Path(("é x",)).text == '."é x"'
 
 
 def test_non_str_path_is_a_type_error() -> None:
@@ -286,6 +305,20 @@ def test_exclude_merges_indexes_that_reach_one_element() -> None:
     assert exclude(payload, [".a[0].x", ".a[-1].y"]) == {"a": [{"z": 3}]}
     only = Selection([parse_path(".a[0]")], [parse_path(".a[0].x"), parse_path(".a[-1].y")])
     assert only.apply(payload) == {"a": [[0, {"z": 3}]]}
+
+
+def test_exclude_of_a_whole_element_wins_over_a_part_of_it_by_another_index() -> None:
+    payload = {"a": [{"x": 1, "y": 2}]}
+    assert exclude(payload, [".a[0]", ".a[-1].x"]) == {"a": []}
+    assert exclude(payload, [".a[-1].x", ".a[0]"]) == {"a": []}
+
+
+def test_exclude_merges_the_indexes_under_indexes_that_reach_one_element() -> None:
+    """The same for what lies under them: ``[0][0]`` and ``[-1][1]`` of a one-element list
+    remove two elements of that element."""
+    payload = {"a": [[1, 2, 3]]}
+    assert exclude(payload, [".a[0][0]", ".a[-1][1]"]) == {"a": [[3]]}
+    assert exclude(payload, [".a[-1][1]", ".a[0][0]"]) == {"a": [[3]]}
 
 
 def test_project_and_exclude_never_mutate_the_payload() -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from celery_unique import UniqueTask, keyspace
+from celery_unique import InvalidPayload, UniqueTask, keyspace, signing
 from celery_unique.checks import app_findings
 from celery_unique.config import reset, runtime
 from celery_unique.duplicates import RefusedArguments, decode_arguments, encode_arguments
@@ -77,6 +78,38 @@ def test_only_the_tasks_own_serializer_decodes(app: Celery) -> None:
     value = stored(app, pickled)
     with pytest.raises(RefusedArguments, match="not the task's own serializer's"):
         decode_arguments(job, KEY, value, runtime(app).signing_key)
+
+
+def test_a_pickle_task_refuses_json_arguments_too(app: Celery) -> None:
+    """The other way round: the format must be the task's own, not merely a known one."""
+    job = define(app)
+
+    @app.task(name="trust.pickled", shared=False, base=UniqueTask, serializer="pickle")
+    def pickled(customer: int) -> None:
+        return None
+
+    value = stored(app, job)
+    with pytest.raises(RefusedArguments, match="not the task's own serializer's"):
+        decode_arguments(pickled, KEY, value, runtime(app).signing_key)
+
+
+def test_signed_arguments_that_do_not_decode_are_refused(app: Celery) -> None:
+    """A signature proves where arguments come from, not that they decode: a body the
+    serializer refuses is RefusedArguments, never the serializer's own error."""
+    job = define(app)
+    signing_key = runtime(app).signing_key
+    body = base64.b64encode(b"{not json").decode("ascii")
+    value = signing.sign(signing_key, KEY, f"application/json|utf-8|{body}")
+    with pytest.raises(RefusedArguments, match="cannot be decoded"):
+        decode_arguments(job, KEY, value, signing_key)
+
+
+def test_arguments_the_serializer_cannot_encode_are_an_invalid_payload(app: Celery) -> None:
+    job = define(app)
+    with pytest.raises(InvalidPayload, match=r"the arguments of trust\.job cannot be stored"):
+        encode_arguments(
+            job, [], {"customer": object()}, 1024, storage_key=KEY, signing_key=b"k" * 32
+        )
 
 
 def test_the_signing_key_comes_from_the_setting(app: Celery) -> None:
