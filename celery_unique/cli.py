@@ -251,8 +251,8 @@ def show(ctx: click.Context, key: str, kind: str | None, as_json: bool) -> None:
     "--drop-owed",
     is_flag=True,
     cls=CeleryOption,
-    help="Release even a latest/debounce key whose job owes its duplicates a run or has not "
-    "started (what they left it is lost).",
+    help="Release even a latest/debounce key whose job holds what its duplicates left it "
+    "(a run owed to them, their arguments): that is lost.",
 )
 @click.option("--yes", "-y", is_flag=True, cls=CeleryOption, help="Do not ask for confirmation.")
 @click.pass_context
@@ -271,8 +271,8 @@ def release(
     """Release KEY (or, with --all, every held key) now, so the next dispatch creates a job.
 
     The job holding it is not stopped; a duplicate of it may then run beside it.
-    A latest/debounce key whose job owes its duplicates a run (or has not started,
-    and is to run with their arguments) is kept, unless --drop-owed.
+    A latest/debounce key whose job holds what its duplicates left it (a run owed to
+    them, their arguments) is kept, unless --drop-owed.
     """
     if release_all:
         if key is not None or job_id is not None:
@@ -339,8 +339,8 @@ def _release_every_key(
         f"released {len(released)} of {_keys(len(held))}"
         + (f"; {moved} changed hands since listed and were left alone" if moved else "")
         + (
-            f"; {len(spared)} kept, their latest/debounce jobs owing their duplicates a run "
-            "or not started (--drop-owed releases them): "
+            f"; {len(spared)} kept, their latest/debounce jobs holding what their "
+            "duplicates left them (--drop-owed releases them): "
             + ", ".join(repr(info.display_key) for info in spared)
             if spared
             else ""

@@ -50,11 +50,12 @@ class AmbiguousKey(LookupError):
 
 
 class OwedToDuplicates(RuntimeError):
-    """A release refused: the key's ``latest``/``debounce`` job owes its duplicates a run, or
-    has not started and is to run with their latest arguments; releasing would lose that."""
+    """A release refused: the key's ``latest``/``debounce`` job holds what its duplicates left
+    it (a run owed to them, their arguments, which its next run starts with); releasing
+    would lose that."""
 
     def __init__(self, info: KeyInfo) -> None:
-        left = info.duplicates or "it has not started, and runs with its duplicates' arguments"
+        left = info.duplicates or "their arguments"
         super().__init__(
             f"{info.display_key!r} was not released: its job {info.job_id} follows its "
             f"duplicates (latest/debounce) and releasing it would lose what they left it "

@@ -117,12 +117,13 @@ def carries_owed(record: Record) -> bool:
 
 def owes_duplicates(record: Record) -> bool:
     """Whether an operator's release of ``record`` would lose what the job's duplicates left
-    it: the run owed to them, or the latest arguments of a job that has not started."""
+    it: the run owed to them, or their arguments, which the job's next run (the first,
+    or one after a retry or a requeue) starts with."""
     return (
         record.kind is KeyKind.ACTIVE
         and not record.finished
         and record.on_duplicate is not OnDuplicate.REUSE
-        and (record.owed is not None or record.run is None)
+        and (record.owed is not None or record.arguments is not None)
     )
 
 

@@ -484,8 +484,8 @@ class Store(ABC):
 
         With ``spare_owed``, a hold whose job follows its duplicates (``latest``,
         ``debounce``) is kept (``False`` returned) while deleting it would lose
-        what they left: a run owed to them, or, the job not started yet, the
-        latest arguments it is to run with.
+        what they left: a run owed to them, or their arguments, which the job's
+        next run (the first, or one after a retry or a requeue) starts with.
 
         An operator's release never stops the job: with ``job_id``, the store
         notes (:func:`~celery_unique.keyspace.release_note`, for as long as the

@@ -206,8 +206,8 @@ def _warn_spared(request: HttpRequest, spared: list[str]) -> None:
     if spared:
         messages.warning(
             request,
-            f"{len(spared)} kept: a latest/debounce job owes its duplicates a run, or has not "
-            f"started and runs with their arguments ({', '.join(spared)}); release them with "
+            f"{len(spared)} kept: a latest/debounce job holds what its duplicates left it (a "
+            f"run owed to them, their arguments) ({', '.join(spared)}); release them with "
             "`celery unique release --drop-owed` to drop that",
         )
 

@@ -434,14 +434,20 @@ def test_a_debounced_start_planned_later_is_never_moved_earlier(store: Store) ->
 def test_an_operator_release_spares_what_duplicates_left_unless_told_to_drop_it(
     store: Store,
 ) -> None:
-    """Released while its job has not started (it runs with its duplicates' arguments) or
-    while it owes them a run, a latest key is kept when asked to spare that; a started job
-    that owes nothing is released; asked not to spare, any is."""
+    """While a latest key holds a duplicate's arguments (the job's next run, the first or
+    one after a retry or a requeue, starts with them) or a run owed, it is kept when asked
+    to spare that; a job no duplicate met is released; asked not to spare, any is."""
+    store.decide([claim("j0", "args-0")])
+    begin(store, "j0", "r0")
+    assert store.delete(A, job_id="j0", spare_owed=True) is True  # nothing left it
+
     store.decide([claim("j1", "args-1")])
     store.decide([claim("d1", "args-2")])
     assert store.delete(A, job_id="j1", spare_owed=True) is False
     assert begin(store, "j1", "r1").arguments == "args-2"  # still there, and used
-    assert store.delete(A, job_id="j1", spare_owed=True) is True  # started, owes nothing
+    assert store.delete(A, job_id="j1", spare_owed=True) is False  # a requeue needs them
+    assert begin(store, "j1", "r1b").arguments == "args-2"
+    assert store.release_many([Release("j1", A, 0, "r1b")]) == [True]
 
     store.decide([claim("j2", "args-3")])
     begin(store, "j2", "r2")

@@ -303,7 +303,7 @@ def test_the_held_keys_page_shows_the_store_url_without_its_passwords(
 def test_both_release_actions_keep_a_latest_key_whose_duplicates_left_it_arguments(
     login: Login, example_app: Celery
 ) -> None:
-    """A latest job not started runs with its duplicate's arguments: each release action
+    """A latest job runs with its duplicate's arguments: each release action
     keeps its key, says so, and releases the others selected."""
     rt = runtime(example_app)
     key = storage_key(rt.namespace, ACTIVE, TASK, "latest")
@@ -318,12 +318,12 @@ def test_both_release_actions_keep_a_latest_key_whose_duplicates_left_it_argumen
         DATABASE_KEYS, {"action": "release_keys", "_selected_action": rows}, follow=True
     ).content.decode()
     assert "Released 1 key." in page
-    assert "1 kept: a latest/debounce job owes its duplicates a run" in page
+    assert "1 kept: a latest/debounce job holds what its duplicates left it" in page
     assert held_jobs(example_app) == {"latest-job"}
 
     page = client.post(
         HELD_KEYS, {"action": "release", "selected": [token(key, "latest-job")]}, follow=True
     ).content.decode()
     assert "Released 0 keys." in page
-    assert "1 kept: a latest/debounce job owes its duplicates a run" in page
+    assert "1 kept: a latest/debounce job holds what its duplicates left it" in page
     assert held_jobs(example_app) == {"latest-job"}

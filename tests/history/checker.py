@@ -391,6 +391,29 @@ def _created_with_lost_answers(
     ]
 
 
+def _created_by_evidence(history: History, jobs: dict[str, Job]) -> None:
+    """A job exists no later than the first sign of it: a dispatch it returned to late
+    (its publish waited on a restarting broker) was decided before another process
+    was handed it, an operator released its key, or a worker got its message."""
+    seen: dict[str, int] = {}
+
+    def saw(job_id: object, t: int) -> None:
+        if isinstance(job_id, str) and job_id in jobs and t < seen.get(job_id, t + 1):
+            seen[job_id] = t
+
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item["out"] == "reused":
+                saw(item.get("job"), dispatch["t1"])
+    for event in history.of("operator_release"):
+        saw(event["job"], event["t1"])
+    for kind in ("received", "start", "released"):
+        for event in history.of(kind):
+            saw(event["job"], event["t"])
+    for job_id, t in seen.items():
+        jobs[job_id].created = min(jobs[job_id].created, t)
+
+
 def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[str, Any]]]]:
     """Created jobs by id, and the items of failed dispatches by the job id they asked for."""
     jobs: dict[str, Job] = {}
@@ -437,6 +460,7 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
             ended.item if ended else {},
             follow_of=event["of"],
         )
+    _created_by_evidence(history, jobs)
     kills = sorted((int(e["t"]), set(e["pids"])) for e in history.of("kill"))
     runs: dict[tuple[str, int], Run] = {}
     for event in history.of("start"):

@@ -521,7 +521,7 @@ def test_bulk_release_leaves_a_key_that_changed_hands(cli_app: CliApp) -> None:
 def test_release_keeps_a_latest_key_whose_duplicates_left_it_arguments_unless_told(
     cli_app: CliApp,
 ) -> None:
-    """A latest job not started yet runs with its duplicate's arguments: release (one key or
+    """A latest job runs with its duplicate's arguments: release (one key or
     --all) keeps its key, saying why, and only --drop-owed releases it."""
     digest = cli_app.module.digest
     job = digest.delay(1, "v1")

@@ -85,10 +85,11 @@ local function carries_owed(r)
 end
 
 -- Whether an operator's release of r would lose what the job's duplicates left it: the
--- run owed to them, or the latest arguments of a job that has not started.
+-- run owed to them, or their arguments, which the job's next run (the first, or one
+-- after a retry or a requeue) starts with.
 local function owes_duplicates(r)
   return r.kind ~= "w" and r.finished ~= "1" and (r.follows or "") ~= ""
-    and (r.owed ~= "" or r.run == "")
+    and (r.owed ~= "" or r.args ~= "")
 end
 
 -- Whether a delivery of the job that its worker still vouches alive marks r (not

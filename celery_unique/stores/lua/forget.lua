@@ -3,7 +3,7 @@
 -- KEYS[1]: the key; KEYS[2] (with a job id): the job's release note (keyspace.release_note)
 -- ARGV[1]: job id that must hold it ("" any)
 -- ARGV[2]: "1" to spare a hold whose job follows its duplicates (latest/debounce) and
---   owes them a run, or has not started (it will run with their latest arguments)
+--   owes them a run, or holds their arguments (its next run starts with them)
 -- Returns: 1 if deleted, 2 if spared (nothing written), else 0.
 --
 -- An operator's release never drops the job: the note, kept as long as the hold would
