@@ -28,7 +28,7 @@ from celery_unique import keyspace
 from celery_unique.config import runtime
 from celery_unique.exceptions import ImproperlyConfigured
 from celery_unique.signals import ReleaseReason, emit_released
-from celery_unique.stores.base import HeldKey, KeyKind, Scope
+from celery_unique.stores.base import HeldKey, KeyKind, Scope, Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -356,11 +356,18 @@ def _release_held(app: Celery, info: KeyInfo, drop_owed: bool, spared: list[KeyI
             app, info.job_id, info.storage_key, task_name=info.task, reason=ReleaseReason.OPERATOR
         )
     elif not drop_owed:
-        # Still the job's: the store kept it for its duplicates (else it changed hands).
-        held = store.get(info.storage_key)
-        if held is not None and held.job_id == info.job_id:
-            spared.append(KeyInfo.of(held))
+        kept = kept_for_duplicates(store, info.storage_key, info.job_id)
+        if kept is not None:
+            spared.append(KeyInfo.of(kept))
     return released
+
+
+def kept_for_duplicates(store: Store, storage_key: str, job_id: str) -> HeldKey | None:
+    """After ``store.delete(storage_key, job_id=job_id, spare_owed=True)`` deleted nothing:
+    the hold the store kept for what its job's duplicates left it, or ``None`` when the
+    key no longer names that job (it changed hands or went)."""
+    held = store.get(storage_key)
+    return held if held is not None and held.job_id == job_id else None
 
 
 #: States in which a job can no longer run: its keys are orphans if still held.

@@ -356,15 +356,13 @@ class UniqueKeyAdmin(ReadOnlyAdmin):
     @admin.action(description="Release the selected keys", permissions=["release"])
     def release_keys(self, request: HttpRequest, queryset: QuerySet[UniqueKey]) -> None:
         rows = list(queryset.values_list("key", "job_id"))
+        released, spared = 0, []
         with _store_on(queryset.db) as store:
-            released = sum(
-                store.delete(key, job_id=job_id, spare_owed=True) for key, job_id in rows
-            )
-            spared = [
-                short_key(key)
-                for key, job_id in rows
-                if (held := store.get(key)) is not None and held.job_id == job_id
-            ]
+            for key, job_id in rows:
+                if store.delete(key, job_id=job_id, spare_owed=True):
+                    released += 1
+                elif operations.kept_for_duplicates(store, key, job_id) is not None:
+                    spared.append(short_key(key))
         self.message_user(
             request, _released_message(released, len(rows) - len(spared)), messages.SUCCESS
         )
