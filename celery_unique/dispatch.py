@@ -136,14 +136,20 @@ def plan(
 
     ``id_chosen``: the job id came with the dispatch (a caller's ``task_id``, a
     frozen signature's), so another dispatch may share it; the claim then gets a
-    generation of its own. An id made here for this dispatch needs none.
+    generation of its own. So does a claim that follows its duplicates (latest,
+    debounce): its id may come to hold the key as the run another job owes, and
+    undoing its own decision must not take that. Else an id made here needs none.
     """
     dispatch_key = KeySpec.parse(overrides.get("unique_key"), "unique_key")
     dispatch_window_key = KeySpec.parse(overrides.get("unique_window_key"), "unique_window_key")
     raw_window = overrides.get("unique_window")
     dispatch_window = None if raw_window is None else parse_window(raw_window)
     dispatch_scope = parse_scope(overrides["unique_while"]) if "unique_while" in overrides else None
-    prefix = parse_prefix(overrides.get("unique_prefix", declaration.prefix))
+    prefix = (
+        parse_prefix(overrides["unique_prefix"])
+        if "unique_prefix" in overrides
+        else declaration.prefix
+    )
     if prefix != declaration.prefix and declaration.declares_keys and not declaration.overridable:
         raise KeyMismatch(
             f"unique_prefix={prefix} given to {task.name} differs from the declared "
@@ -260,7 +266,9 @@ def plan(
             arguments=stored_arguments,
             debounce_ms=debounce,
             debounce_max_ms=duplicates.debounce_max_ms,
-            generation=(generation := next_generation() if id_chosen else None),
+            generation=(
+                generation := next_generation() if id_chosen or duplicates.follows else None
+            ),
         )
         header["a"], header["s"] = active[0], scope.value
         if generation is not None:

@@ -494,13 +494,22 @@ def passing_on(
 
 
 def rolling_back(claim: Claim, key: str) -> Change:
-    """Undo ``claim``'s write of ``key``: hand it back (take-over) or delete it."""
+    """Undo ``claim``'s write of ``key``: hand it back (take-over) or delete it.
+
+    A claim with a generation undoes only the active key its own decision wrote: the
+    same job id may hold that key by another way since (a later dispatch of a caller's
+    id; the run a running job owed its duplicates, named after the duplicate whose
+    decision is undone)."""
+    active = claim.active
+    own_active = active is not None and key == active.key
+    generation = active.generation if active is not None else None
 
     def change(record: Record | None, now: int) -> Record | _Unchanged | None:
         if record is None or not record.alive(now) or record.job_id != claim.job_id:
             return UNCHANGED
-        active = claim.active
-        if claim.handoff_from is not None and active is not None and key == active.key:
+        if own_active and generation is not None and record.generation != generation:
+            return UNCHANGED
+        if claim.handoff_from is not None and own_active:
             return replace(record, job_id=claim.handoff_from, handed_from=None)
         return None
 

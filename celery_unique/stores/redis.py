@@ -627,8 +627,10 @@ class RedisStore(Store):
         for claim in claims:
             mine = claim_keys(claim)
             keys += mine
-            has_active = "1" if claim.active is not None else "0"
-            args += [claim.job_id, claim.handoff_from or "", has_active, len(mine)]
+            active = claim.active
+            has_active = "1" if active is not None else "0"
+            generation = (active.generation if active is not None else None) or ""
+            args += [claim.job_id, claim.handoff_from or "", has_active, len(mine), generation]
         return keys, args
 
     def forget_decision(self, claims: Sequence[Claim], error: BackendUnavailable) -> bool:
@@ -1027,6 +1029,8 @@ class _PendingScript(PendingDecisions):
 def script_parts(claims: Sequence[Claim]) -> list[tuple[int, int]]:
     """``(start, stop)`` of the parts a batch is decided in on one server: at most
     ``MAX_CLAIMS_PER_SCRIPT`` claims and about ``MAX_SCRIPT_BYTES`` each."""
+    if len(claims) == 1:
+        return [(0, 1)]  # every single dispatch: one script, whatever its size
     parts: list[tuple[int, int]] = []
     start = size = 0
     for index, claim in enumerate(claims):

@@ -42,11 +42,12 @@ def claim(
     debounce: int | None = None,
     debounce_max: int | None = None,
     task: str = "tasks.reindex",
+    generation: str | None = None,
 ) -> Claim:
     return Claim(
         job,
         task,
-        ActiveClaim(A, scope, LONG, policy, arguments, debounce, debounce_max),
+        ActiveClaim(A, scope, LONG, policy, arguments, debounce, debounce_max, generation),
     )
 
 
@@ -198,6 +199,32 @@ def test_a_follow_up_that_could_not_be_published_gives_the_key_back(store: Store
     assert held is not None
     assert held.job_id == "j1"
     assert store.release_many([Release("j1", A, 0, "r1")]) == [True]
+    assert store.get(A) is None
+
+
+def test_undoing_a_lost_decision_leaves_the_run_owed_under_its_id(store: Store) -> None:
+    """A duplicate's decision owed it a run, and its answer was lost: the dispatch undoes
+    what it may have created, late (the store was away). Meanwhile the running job
+    ended and handed the key to the run owed under that duplicate's id: the undo must
+    leave it, or the published run finds its key gone (or taken) and never runs."""
+    store.decide([claim("j1", "args-1", generation="g1")])
+    begin(store, "j1", "r1")
+    lost = claim("d1", "args-2", generation="g2")
+    assert store.decide([lost])[0].effect is Effect.RERUN_REQUESTED
+    assert store.pass_on("j1", A, "r1", LONG) == FollowUp("d1", "args-2", "tasks.reindex")
+    store.rollback_many([lost])
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "d1"
+    assert begin(store, "d1", "r2").holder is None
+    store.rollback_many([lost])  # repeated, as an undo is, once the run started
+    held = store.get(A)
+    assert held is not None
+    assert (held.job_id, held.run) == ("d1", "r2")
+    # Had the decision created the key instead, the same undo frees it.
+    assert store.release_many([Release("d1", A, 0, "r2", generation="g1")]) == [True]
+    assert store.decide([lost])[0].verdict is Verdict.CREATED
+    store.rollback_many([lost])
     assert store.get(A) is None
 
 

@@ -297,6 +297,25 @@ def test_rollback_leaves_other_jobs_keys(store: Store) -> None:
     assert held.job_id == "j1"
 
 
+def test_rollback_of_one_dispatch_of_a_job_id_leaves_a_later_dispatch_of_it(
+    store: Store,
+) -> None:
+    """A caller's id dispatched again: undoing the first decision (its answer was lost,
+    the undo ran late) spares the key the second one created."""
+    first = Claim("j1", "tasks.recalc", ActiveClaim(A, Scope.QUEUED, LONG, generation="g1"))
+    decide(store, first)
+    store.rollback(first)
+    assert store.get(A) is None
+    second = Claim("j1", "tasks.recalc", ActiveClaim(A, Scope.QUEUED, LONG, generation="g2"))
+    assert decide(store, second).verdict is Verdict.CREATED
+    store.rollback(first)
+    held = store.get(A)
+    assert held is not None
+    assert held.job_id == "j1"
+    store.rollback(second)
+    assert store.get(A) is None
+
+
 def test_handoff_moves_the_key_to_the_successor(store: Store) -> None:
     """A running job dispatching its successor with the same key passes the key on."""
     decide(store, active("j1", scope=Scope.ACTIVE))

@@ -469,3 +469,26 @@ def test_only_a_job_id_the_dispatch_brings_gets_a_generation(
     signature.apply_async()
     assert published[-1][HEADER]["g"] not in ("", chosen)
     assert made.disposition is Disposition.CREATED
+
+
+def test_a_dispatch_that_follows_its_duplicates_gets_a_generation_whatever_its_id(
+    app: Celery, published: list[Any]
+) -> None:
+    """A latest/debounce dispatch's id may come to hold its key another way (the run a
+    running job owes its duplicates is named after one of them), so undoing its own
+    decision needs to know which hold it wrote: it gets a generation, made id or not."""
+
+    @app.task(
+        shared=False,
+        base=UniqueTask,
+        unique_key=lambda job: f"n:{job.n}",
+        unique_while="active",
+        unique_on_duplicate="latest",
+    )
+    def refresh(n: int) -> None:
+        return None
+
+    refresh.delay(1)
+    first = published[-1][HEADER]["g"]
+    refresh.delay(2)
+    assert published[-1][HEADER]["g"] not in ("", first)
