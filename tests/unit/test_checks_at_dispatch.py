@@ -73,12 +73,18 @@ def test_the_names_remembered_as_checked_are_bounded(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A process publishing ever new task names keeps at most ``MAX_REMEMBERED`` of them:
-    past that the set starts again (a name is checked once more), never grows on."""
+    each is remembered (checked once) until the set is full, then the set starts again
+    (a name is checked once more), never growing on. (A bound past the integers Python
+    keeps one object each for: an identity test would never see the set full.)"""
     from celery_unique.checks import at_dispatch
 
-    monkeypatch.setattr(at_dispatch, "MAX_REMEMBERED", 5)
+    bound = 300
+    monkeypatch.setattr(at_dispatch, "MAX_REMEMBERED", bound)
     monkeypatch.setattr(at_dispatch, "_published", set())
-    for n in range(12):
+    checked: list[object] = []
+    monkeypatch.setattr(at_dispatch, "_tasks_named", lambda name: checked.append(name) or [])
+    for n in range(2 * bound + 10):
         at_dispatch.on_publish(sender=f"made.at.run.time.{n}")
-        assert len(at_dispatch._published) <= 5
-    assert "made.at.run.time.11" in at_dispatch._published
+        assert len(at_dispatch._published) == n % bound + 1
+        at_dispatch.on_publish(sender=f"made.at.run.time.{n - n % bound}")  # remembered
+    assert checked == [f"made.at.run.time.{n}" for n in range(2 * bound + 10)]

@@ -48,9 +48,18 @@ def test_every_accepted_survivor_names_a_line_its_module_still_has(config: dict[
 
 def test_every_accepted_survivor_is_in_the_report(config: dict[str, Any]) -> None:
     """docs/_generated/mutation.md was written (scripts/mutate --report) after the last
-    change of an accepted survivor's reason."""
+    change of an accepted survivor's reason. (A module changed since its last run has
+    no numbers in the report, and no survivors: they are judged again at its next run.)"""
     report = REPORT.read_text()
-    for entry in config["accepted"]:
+    unscored = {
+        line.split("`")[1]
+        for line in report.splitlines()
+        if line.startswith("| `")
+        and ("| changed since its last run |" in line or "| not run yet |" in line)
+    }
+    judged = [entry for entry in config["accepted"] if entry["module"] not in unscored]
+    assert judged
+    for entry in judged:
         assert f"{entry['reason']}." in report, entry
 
 
