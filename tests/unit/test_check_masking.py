@@ -39,6 +39,16 @@ from celery_unique.masking import masked, redacted
         ("redis://h/0?password=hunter2&db=1", "redis://h/0?password=***&db=1"),
         ("redis://h/0?a=1&auth_token=xyz", "redis://h/0?a=1&auth_token=***"),
         ("sqlite:///C:/data/unique.db", "sqlite:///C:/data/unique.db"),
+        # No password to mask: an empty one, in the credentials or as a parameter.
+        ("redis://user:@h/0", "redis://user:@h/0"),
+        ("redis://h/0?password=&db=1", "redis://h/0?password=&db=1"),
+        # Three sentinels, each with a password: every one masked, every host kept.
+        (
+            "redis+sentinel://:pw11@h1:26379,:pw22@h2:26379,:pw33@h3:26379/main",
+            "redis+sentinel://:***@h1:26379,:***@h2:26379,:***@h3:26379/main",
+        ),
+        # One host, whose password holds "@" and "," unescaped: not several hosts.
+        ("redis://user:a@b,c,d@host/0", "redis://user:***@host/0"),
     ],
 )
 def test_a_url_is_shown_as_given_with_its_password_masked(url: str, shown: str) -> None:
@@ -47,12 +57,33 @@ def test_a_url_is_shown_as_given_with_its_password_masked(url: str, shown: str) 
 
 
 def test_every_password_of_a_multi_host_url_is_redacted_from_text() -> None:
-    url = "redis+sentinel://:first-pw@h1:26379,:second-pw@h2:26379/main?sentinel_password=third"
-    text = f"cannot use {url}: AUTH first-pw, then second-pw, sentinels third"
-    assert redacted(text, url) == (
-        "cannot use redis+sentinel://:***@h1:26379,:***@h2:26379/main?sentinel_password=***: "
-        "AUTH ***, then ***, sentinels ***"
+    url = (
+        "redis+sentinel://:first-pw@h1:26379,:second-pw@h2:26379,:last-pw@h3:26379/main"
+        "?sentinel_password=third"
     )
+    text = f"cannot use {url}: AUTH first-pw, then second-pw, then last-pw, sentinels third"
+    assert redacted(text, url) == (
+        "cannot use redis+sentinel://:***@h1:26379,:***@h2:26379,:***@h3:26379/main"
+        "?sentinel_password=***: AUTH ***, then ***, then ***, sentinels ***"
+    )
+
+
+def test_a_password_inside_another_is_redacted_without_leaving_the_rest() -> None:
+    """The longer secret goes first: masking the shorter one inside it first would leave
+    the rest of the longer one in the text."""
+    url = "redis://:hunter@h/0?sentinel_password=hunter2025"
+    text = "AUTH hunter failed; sentinel AUTH hunter2025 failed"
+    assert redacted(text, url) == "AUTH *** failed; sentinel AUTH *** failed"
+
+
+@pytest.mark.parametrize(("password", "in_text"), [("abc", "abc"), ("abcd", "***")])
+def test_only_passwords_of_four_characters_or_more_are_masked_in_free_text(
+    password: str, in_text: str
+) -> None:
+    """A URL's password is always masked in the URL; in the rest of a text only from four
+    characters on (masking every "1" of a traceback hides more than it protects)."""
+    url = f"redis://:{password}@h/0"
+    assert redacted(f"{url} said {password}", url) == f"redis://:***@h/0 said {in_text}"
 
 
 def test_an_error_quoting_the_url_is_redacted() -> None:
