@@ -477,17 +477,22 @@ def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) ->
         t0 = now()
         try:
             info = operations.resolve(app, key, kind="active")
-            if info is None:
-                return
-            try:
-                released, spared = (
-                    operations.release(app, info.storage_key, job_id=info.job_id),
-                    False,
-                )
-            except operations.OwedToDuplicates:
-                released, spared = False, True
         except UniquenessError:  # the store is down: no release this time
             return
+        if info is None:
+            return
+        released: bool | None
+        try:
+            released, spared = (
+                operations.release(app, info.storage_key, job_id=info.job_id),
+                False,
+            )
+        except operations.OwedToDuplicates:
+            released, spared = False, True
+        except UniquenessError:
+            # No answer: the release may have been made all the same (its reply lost),
+            # and the job then goes on beside the next one.
+            released, spared = None, False
         record(
             "operator_release",
             proc=proc,

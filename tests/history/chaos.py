@@ -477,6 +477,7 @@ def render(outcome: Outcome) -> str:
                 "owed runs published",
                 "operator releases",
                 "operator releases kept for duplicates",
+                "operator releases whose answer was lost",
             )
         ),
     ]

@@ -29,8 +29,9 @@ one clock for every process of a Linux machine):
 ``followed`` (a worker's main process): ``job``, ``of``, ``t``: it published the run that
     ``latest``/``debounce`` duplicates of job ``of`` owed it, as job ``job``.
 ``operator_release`` (a producer, as an operator): ``job``, ``key``, ``t0``/``t1``,
-    ``released`` (the key was the job's and is freed: the job goes on, beside the next),
-    ``spared`` (kept: the job owes its duplicates a run or their arguments).
+    ``released`` (the key was the job's and is freed: the job goes on, beside the next;
+    ``None`` when the store did not answer: it may have been freed), ``spared`` (kept:
+    the job owes its duplicates a run or their arguments).
 ``kill`` (the orchestrator): ``pids``, ``node``, ``t``, ``whole`` (the node) or a child.
 ``fault`` (the orchestrator): ``kind``, ``t0``, ``t1``: the store or broker was impaired.
 ``keys`` (the orchestrator, after quiescence): ``t``, ``held``: every key left in the store.
@@ -334,6 +335,46 @@ def _told_a_run_is_owed(history: History) -> dict[str, dict[str, Any]]:
     }
 
 
+def _one_script(history: History) -> bool:
+    """Whether store and broker were one Redis server (one script decides and enqueues)."""
+    return any(event.get("broker") == "colocated" for event in history.of("config"))
+
+
+def _owed_with_lost_answers(history: History) -> dict[str, str]:
+    """Owed runs named after a duplicate whose dispatch lost its answer, by id, each with
+    the job that held its key when that dispatch was decided (its predecessor).
+
+    A ``latest``/``debounce`` duplicate's decision can be applied although its answer
+    was lost: told nothing, it was made the run its key's holder owes, and that run
+    carries its id. Where the store is asked before the broker, a dispatch publishes
+    nothing without its answer, so a delivery of that id is such a run, never a job
+    the dispatch created. (With store and broker one script, the script may have
+    enqueued the job itself: :func:`_created_with_lost_answers`.)
+    """
+    if _one_script(history):
+        return {}
+    delivered = {e["job"] for kind in ("received", "start") for e in history.of(kind)}
+    handed: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    lost: list[tuple[int, dict[str, Any]]] = []
+    for dispatch in history.of("dispatch"):
+        for item in dispatch["items"]:
+            if item["out"] in ("created", "reused") and item.get("job"):
+                handed[item["key"]].append((dispatch["t1"], item["job"]))
+            elif (
+                item["out"] == "error"
+                and item.get("maybe_applied")
+                and item.get("policy") in ("latest", "debounce")
+                and item["jid"] in delivered
+            ):
+                lost.append((dispatch["t1"], item))
+    owed: dict[str, str] = {}
+    for t1, item in lost:
+        before = [pair for pair in handed[item["key"]] if pair[0] <= t1 and pair[1] != item["jid"]]
+        if before:
+            owed[item["jid"]] = max(before)[1]
+    return owed
+
+
 def _with_unrecorded_hand_overs(history: History) -> History:
     """``history`` with a ``followed`` event for each owed run that a worker received
     though no worker recorded publishing it.
@@ -346,6 +387,8 @@ def _with_unrecorded_hand_overs(history: History) -> History:
     """
     recorded = {event["job"] for event in history.of("followed")}
     owed_by = {jid: item["job"] for jid, item in _told_a_run_is_owed(history).items()}
+    for jid, predecessor in _owed_with_lost_answers(history).items():
+        owed_by.setdefault(jid, predecessor)
     seen: dict[str, int] = {}
     for event in itertools.chain(history.of("received"), history.of("start")):
         job = event["job"]
@@ -373,8 +416,10 @@ def _created_with_lost_answers(
     before its dispatch returned, and before anything named or delivered the job.
     """
     seen: dict[str, int] = {}
+    owed = _owed_with_lost_answers(history)
     for event in itertools.chain(history.of("received"), history.of("start")):
-        seen[event["job"]] = min(seen.get(event["job"], event["t"]), event["t"])
+        if event["job"] not in owed:
+            seen[event["job"]] = min(seen.get(event["job"], event["t"]), event["t"])
     for dispatch in history.of("dispatch"):
         for item in dispatch["items"]:
             if item["out"] == "reused" and item["job"] in seen:
@@ -555,7 +600,10 @@ def check(history: History) -> Report:
         ),
         "runs owed (latest/debounce)": sum(item.get("effect") == "rerun" for item in items),
         "owed runs published": sum(1 for _ in history.of("followed")),
-        "operator releases": sum(e["released"] for e in history.of("operator_release")),
+        "operator releases": sum(e["released"] is True for e in history.of("operator_release")),
+        "operator releases whose answer was lost": sum(
+            e["released"] is None for e in history.of("operator_release")
+        ),
         "operator releases kept for duplicates": sum(
             e["spared"] for e in history.of("operator_release")
         ),
@@ -628,10 +676,11 @@ def _overlaps(history: History, jobs: dict[str, Job], lapses: set[str]) -> list[
 
 
 def _operator_releases(history: History) -> dict[str, list[int]]:
-    """When an operator's release of each job's key began, for the releases that freed it."""
+    """When an operator's release of each job's key began, for the releases that freed it
+    or may have (their answer was lost)."""
     released: dict[str, list[int]] = defaultdict(list)
     for event in history.of("operator_release"):
-        if event["released"]:
+        if event["released"] is not False:
             released[event["job"]].append(event["t0"])
     return released
 

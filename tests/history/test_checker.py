@@ -135,7 +135,7 @@ def test_i1_a_copy_of_a_job_whose_release_landed_may_run_beside_a_queued_job() -
     assert violations(events("active")) == {"I1": 1}
 
 
-def operator_release(job: str, t: float, released: bool = True) -> dict[str, Any]:
+def operator_release(job: str, t: float, released: bool | None = True) -> dict[str, Any]:
     return {
         "e": "operator_release",
         "proc": "p9",
@@ -144,16 +144,17 @@ def operator_release(job: str, t: float, released: bool = True) -> dict[str, Any
         "t0": int(t * S),
         "t1": int((t + 0.001) * S),
         "released": released,
-        "spared": not released,
+        "spared": released is False,
     }
 
 
 def test_i1_allows_the_next_job_beside_one_whose_key_an_operator_released() -> None:
     """An operator's release frees the key and leaves its job running: a job created after
-    it may run beside it. Created before it, or after a release that was refused (the key
-    kept for the job's duplicates), it may not."""
+    it may run beside it, and after one whose answer was lost (it may have freed the key).
+    Created before it, or after a release that was refused (the key kept for the job's
+    duplicates), it may not."""
 
-    def events(release_at: float, freed: bool = True) -> History:
+    def events(release_at: float, freed: bool | None = True) -> History:
         return history(
             dispatch(1.0, created("J1")),
             run("J1", 1.1, 2.0),
@@ -167,6 +168,8 @@ def test_i1_allows_the_next_job_beside_one_whose_key_an_operator_released() -> N
     assert violations(events(1.2)) == {}
     assert violations(events(1.4)) == {"I1": 1}
     assert violations(events(1.2, freed=False)) == {"I1": 1}
+    assert violations(events(1.2, freed=None)) == {}
+    assert check(events(1.2, freed=None)).counts["operator releases whose answer was lost"] == 1
 
 
 def test_i2_catches_a_reuse_of_a_job_nobody_created() -> None:
@@ -586,6 +589,30 @@ def test_an_owed_run_delivered_though_its_publish_went_unrecorded_was_published(
     again = {"e": "received", "job": "F1", "t": int(2.6 * S)}
     assert violations(history(*unrecorded, again)) == {}
     assert violations(history(*unrecorded, followed("F1", "J1", 2.3))) == {}
+
+
+def test_an_owed_run_named_after_a_duplicate_whose_answer_was_lost_holds_its_chains_key() -> None:
+    """The store asked first (RabbitMQ): D1's decision made it the run J1 owes, and its
+    answer was lost, so no dispatch recorded it; J1's worker published the run, and its
+    publish went unrecorded too. A delivery of D1 can only be that run: it holds J1's key
+    in J1's scope (exists), kept after its end, so a dispatch handed D1 then is no
+    phantom. (Taken for a job D1's own dispatch created, in its own scope, active, that
+    dispatch would be one.)"""
+    events = [
+        dispatch(1.0, follows("J1", "n1", scope="exists")),
+        run_with("J1", "n1", 1.05, 1.1, 2.0),
+        dispatch(1.5, {**failed("D1"), "policy": "latest", "nonce": "n2"}, took=0.1),
+        {"e": "received", "job": "D1", "t": int(2.02 * S)},
+        run_with("D1", "n2", 2.05, 2.1, 2.5),
+        released("D1", 2.51),
+        dispatch(3.5, reused("D1")),
+    ]
+    assert violations(history(*events)) == {}
+    counts = check(history(*events)).counts
+    assert (counts["owed runs published"], counts["jobs created though their answer was lost"]) == (
+        1,
+        0,
+    )
 
 
 def test_a_run_handed_the_duplicates_arguments_is_the_run_it_was_owed() -> None:
