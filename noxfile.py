@@ -6,10 +6,8 @@ here installs the project with other versions into a virtualenv of its own
 and runs the tests that tell whether it works there: unit, store contract, a
 real prefork worker whose pool child is killed, and the one-script path's
 messages compared byte for byte with the cell's kombu; Django cells add the
-Django store contract, migrations, checks and store. A cell marked ``alone``
-plays the path matrix (tests/paths) on a real prefork worker: its rows keep
-pace with a worker, so it runs by itself, after the suite (``.ci/run``).
-``scripts/matrix`` runs every other cell, the longest first, and prints a table.
+Django store contract, migrations, checks and store.
+``scripts/matrix`` runs every cell, the longest first, and prints a table.
 
 Interpreters are the ones already on the machine (pyenv's), never
 downloaded. A cell's virtualenv is kept between runs and rebuilt only when
@@ -49,15 +47,6 @@ DJANGO_TESTS = [
     "tests/django/test_migrations.py",
     "tests/django/test_checks.py",
     "tests/django/test_django_store.py",
-]
-#: What a path cell runs: the path matrix on Redis and a real prefork worker, every path
-#: (with each scope, and with a window key) as the cell's Celery goes, and the docs' list
-#: of the paths that go otherwise on older Celery.
-PATH_TESTS = [
-    "tests/paths/test_paths.py::test_every_path_holds_its_key_exactly_while_its_job_can_run"
-    "[redis-prefork]",
-    "tests/paths/test_paths.py::test_every_path_keeps_a_window_key_naming_its_job[redis]",
-    "tests/paths/test_paths.py::test_the_docs_list_the_paths_that_go_otherwise_on_older_celery",
 ]
 #: Tests that do not apply to any cell, and why: deselected there, and said so.
 NOT_IN_CELLS = (
@@ -115,9 +104,6 @@ class Cell:
     without: tuple[str, ...] = ()
     #: Tests of ``tests`` that do not apply here, each with the reason the cell prints.
     not_applying: tuple[tuple[str, str], ...] = ()
-    #: Run by itself, never beside the suite or another cell (nox tag ``alone``; the
-    #: others are tagged ``beside``).
-    alone: bool = False
     #: Why this cell is in the matrix.
     why: str = ""
 
@@ -129,14 +115,6 @@ MATRIX = (
         ("celery==5.3.*", "kombu==5.3.*"),
         not_applying=BEFORE_CELERY_5_7,
         why="oldest Celery claimed, oldest Python",
-    ),
-    Cell(
-        "paths-celery-5.3",
-        "3.10",
-        ("celery==5.3.*", "kombu==5.3.*"),
-        tests=tuple(PATH_TESTS),
-        alone=True,
-        why="the worker's side (fates, leases, re-sends) builds on Celery's request internals",
     ),
     Cell("celery-5.4", "3.11", ("celery==5.4.*", "kombu==5.4.*"), not_applying=BEFORE_CELERY_5_7),
     Cell("celery-5.5", "3.12", ("celery==5.5.*", "kombu==5.5.*"), not_applying=BEFORE_CELERY_5_7),
@@ -201,12 +179,7 @@ def fingerprint(cell: Cell) -> str:
 
 
 def _session(cell: Cell) -> None:
-    @nox.session(
-        name=cell.name,
-        python=interpreter(cell.python),
-        venv_params=["--seed"],
-        tags=["alone" if cell.alone else "beside"],
-    )
+    @nox.session(name=cell.name, python=interpreter(cell.python), venv_params=["--seed"])
     def run(session: nox.Session) -> None:
         stamp = Path(session.virtualenv.location) / ".cell-fingerprint"
         wanted = fingerprint(cell)
@@ -261,10 +234,8 @@ def render_matrix() -> str:
     ]
     for cell in MATRIX:
         pins = ", ".join(f"`{pin}`" for pin in cell.pins) or f"`--resolution {cell.resolution}`"
-        tests = {
-            tuple(TESTS): "core",
-            tuple(DJANGO_TESTS): "Django app",
-            tuple(PATH_TESTS): "path matrix (Redis, prefork; alone, after the suite)",
-        }.get(cell.tests, "core + Django app")
+        tests = {tuple(TESTS): "core", tuple(DJANGO_TESTS): "Django app"}.get(
+            cell.tests, "core + Django app"
+        )
         rows.append(f"| `{cell.name}` | {cell.python} | {pins} | {tests} | {cell.why} |")
     return "\n".join(rows) + "\n"
