@@ -36,12 +36,15 @@ class MemoryStore(_records.RecordStore):
 
     def decide(self, claims: Sequence[Claim], *, all_or_nothing: bool = True) -> list[Decision]:
         with self._lock:
+            # One reading of the clock: two could differ by a millisecond, and a planned
+            # start told as a date would then move back and forth.
+            now = _now()
             decisions, writes = _records.decide(
                 claims,
                 self._records.get,
-                _now(),
+                now,
                 all_or_nothing=all_or_nothing,
-                wall=_now() + self._epoch_ms,
+                wall=now + self._epoch_ms,
             )
             self._apply(writes)
             return decisions

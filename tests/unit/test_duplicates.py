@@ -220,7 +220,10 @@ def test_a_debounced_job_sent_for_later_is_planned_for_then(
     later = {"countdown": 5} if wait == "countdown" else {"eta": before + timedelta(seconds=5)}
     first = job.apply_async(kwargs={"customer": 8}, **later)
     assert first.postponed_to is not None
-    assert before + timedelta(seconds=5) - MS <= first.postponed_to
+    # The store tells the start to the millisecond of its own clock (the memory store's
+    # reads the monotonic clock in whole ms, set against the wall clock once), and the
+    # wait an eta gives is rounded to the ms: a few ms either way, never the 3 s debounce.
+    assert before + timedelta(seconds=5) - 3 * MS <= first.postponed_to
     assert first.postponed_to <= datetime.now(timezone.utc) + timedelta(seconds=5) + MS
     assert datetime.fromisoformat(published[0]["eta"]) >= before + timedelta(seconds=5) - MS
     duplicate = job.delay(customer=8, note="newer")
@@ -240,6 +243,30 @@ def test_postponed_to_never_goes_back_and_is_exactly_the_cap_once_capped(app: Ce
     assert told == sorted(told)
     assert first.postponed_to is not None
     assert told[-3:] == [first.postponed_to + timedelta(seconds=0.05)] * 3
+
+
+def test_the_memory_store_tells_a_planned_start_from_one_reading_of_its_clock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clock's millisecond turns between some readings and not others (a busy
+    machine): every duplicate at the cap is told the same start, the cap, never one ms
+    off, and no start told goes back."""
+    from celery_unique.stores import memory
+    from celery_unique.stores.base import ActiveClaim, Claim, Scope
+
+    readings = itertools.count()
+    monkeypatch.setattr(memory, "_now", lambda: 1_000_000 + next(readings) // 3)
+    store = memory.MemoryStore()
+
+    def claim(job: str) -> Claim:
+        active = ActiveClaim("k", Scope.ACTIVE, 60_000, OnDuplicate.DEBOUNCE, "a", 50, 100)
+        return Claim(job, "job", active)
+
+    created = store.decide([claim("j1")])[0]
+    told = [store.decide([claim(f"d{n}")])[0].starts_at_ms for n in range(200)]
+    assert created.starts_at_ms is not None
+    assert told[-3:] == [created.starts_at_ms + 50] * 3
+    assert told == sorted(told)
 
 
 def test_stored_arguments_read_back_as_sent(app: Celery) -> None:
