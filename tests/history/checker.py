@@ -367,11 +367,17 @@ def _owed_with_lost_answers(history: History) -> dict[str, str]:
                 and item["jid"] in delivered
             ):
                 lost.append((dispatch["t1"], item))
+    for pairs in handed.values():
+        pairs.sort()
     owed: dict[str, str] = {}
     for t1, item in lost:
-        before = [pair for pair in handed[item["key"]] if pair[0] <= t1 and pair[1] != item["jid"]]
-        if before:
-            owed[item["jid"]] = max(before)[1]
+        pairs = handed[item["key"]]
+        # The last job handed out on that key by the time the dispatch returned.
+        at = bisect.bisect_right(pairs, t1, key=lambda pair: pair[0])
+        while at > 0 and pairs[at - 1][1] == item["jid"]:
+            at -= 1
+        if at > 0:
+            owed[item["jid"]] = pairs[at - 1][1]
     return owed
 
 
@@ -416,7 +422,9 @@ def _created_with_lost_answers(
     before its dispatch returned, and before anything named or delivered the job.
     """
     seen: dict[str, int] = {}
-    owed = _owed_with_lost_answers(history)
+    # A delivery of an owed run (its publish recorded, or inferred by
+    # _with_unrecorded_hand_overs) is that run's, not a job its dispatch created.
+    owed = {event["job"] for event in history.of("followed")}
     for event in itertools.chain(history.of("received"), history.of("start")):
         if event["job"] not in owed:
             seen[event["job"]] = min(seen.get(event["job"], event["t"]), event["t"])
