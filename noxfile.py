@@ -60,6 +60,11 @@ NOT_IN_CELLS = (
         "pytest-celery is not one of the cells' test tools (it pulls in Docker's client): "
         "the development suite runs it",
     ),
+    (
+        "tests/unit/test_import_contracts.py",
+        "the import contracts are the source's, whatever the versions (import-linter is a "
+        "lint tool, not one of the cells' test tools): the development suite runs them",
+    ),
 )
 #: Tests that do not apply where Celery is older than 5.7, and why.
 BEFORE_CELERY_5_7 = (

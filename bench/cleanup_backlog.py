@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from celery_unique import cleanup
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import Release
 from celery_unique.stores.memory import MemoryStore
 

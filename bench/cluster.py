@@ -36,8 +36,9 @@ import redis.client
 from celery import Celery
 from redis.cluster import RedisCluster as ClusterClient
 
-from celery_unique import UniqueTask, dispatch_many, keyspace
+from celery_unique import UniqueTask, dispatch_many
 from celery_unique import config as unique_config
+from celery_unique.keys import keyspace
 from tests.processes import RedisCluster, RedisServer, free_port
 
 PRODUCERS = 3

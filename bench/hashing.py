@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from celery_unique.payload import Payload
+from celery_unique.keys.payload import Payload
 
 TARGET_BYTES = 1 << 20
 

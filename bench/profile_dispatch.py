@@ -35,8 +35,8 @@ from typing import Any
 import harness
 from harness import TENANT, fresh
 
-from celery_unique import keyspace
 from celery_unique.config import runtime
+from celery_unique.keys import keyspace
 
 OUT_DIR = Path("/tmp/celery-unique-bench")
 
@@ -74,7 +74,7 @@ def steps(
     def plan_case() -> Callable[[], object]:
         from celery.utils import uuid
 
-        from celery_unique import dispatch
+        from celery_unique.dispatch import planning as dispatch
 
         declaration = selector.__unique__
         return lambda: dispatch.plan(
@@ -86,7 +86,7 @@ def steps(
         return lambda: binder.bind((TENANT, fresh()), {})
 
     def selector_case() -> Callable[[], object]:
-        from celery_unique.arguments import ArgumentView
+        from celery_unique.keys.arguments import ArgumentView
 
         function = selector.__unique__.key.selector
         view = ArgumentView({"tenant_id": TENANT, "n": 12345})
@@ -95,7 +95,7 @@ def steps(
     def claim() -> Any:
         from celery.utils import uuid
 
-        from celery_unique import dispatch
+        from celery_unique.dispatch import planning as dispatch
 
         planned = dispatch.plan(
             selector, selector.__unique__, {}, (TENANT, fresh()), None, {}, job_id=uuid(), rt=rt
@@ -169,7 +169,7 @@ def steps(
         return lambda: stamp(result)
 
     def header_case() -> Callable[[], object]:
-        from celery_unique.dispatch import with_header
+        from celery_unique.dispatch.apply import with_header
 
         return lambda: with_header({}, header)  # type: ignore[arg-type]
 
@@ -188,7 +188,7 @@ def steps(
         return uuid
 
     def fingerprint_case() -> Callable[[], object]:
-        from celery_unique.fingerprint import policy_digest, request_fingerprint
+        from celery_unique.keys.fingerprint import policy_digest, request_fingerprint
 
         keys = {"active": None, "scope": None, "window": "w", "window_ms": 3600000}
         return lambda: (
@@ -205,8 +205,8 @@ def steps(
         )
 
     def payload_case() -> Callable[[], object]:
-        from celery_unique.arguments import json_payload
-        from celery_unique.canonical import canonical_digest
+        from celery_unique.keys.arguments import json_payload
+        from celery_unique.keys.canonical import canonical_digest
 
         return lambda: canonical_digest(json_payload({"tenant_id": TENANT, "n": fresh()}))
 
@@ -284,8 +284,8 @@ def in_context(bench: harness.Bench, base_url: str, n: int, rounds: int) -> dict
     from celery.app.task import Task
     from celery.utils import uuid
 
-    from celery_unique import dispatch
-    from celery_unique.headers import HEADER
+    from celery_unique.dispatch import planning as dispatch
+    from celery_unique.dispatch.headers import HEADER
 
     t = bench.tasks
     selector = t.selector
@@ -381,28 +381,30 @@ def _evalsha_stats(client: Any) -> tuple[int, int]:
 CATEGORIES: list[tuple[str, list[tuple[str, str]]]] = [
     ("whole dispatch", [("celery_unique/task.py", "apply_async")]),
     ("  option parsing (take_dispatch_options, KeySpec.parse, ...)", [
-        ("celery_unique/dispatch.py", "take_dispatch_options"),
-        ("celery_unique/declaration.py", "parse"),
-        ("celery_unique/declaration.py", "parse_prefix"),
+        ("celery_unique/dispatch/apply.py", "take_dispatch_options"),
+        ("celery_unique/options/declaration.py", "parse"),
+        ("celery_unique/options/declaration.py", "parse_prefix"),
     ]),
     ("  runtime(app) lookup", [("celery_unique/config.py", "runtime")]),
     ("  job id (uuid)", [("kombu/utils/uuid.py", "uuid")]),
-    ("  plan() total", [("celery_unique/dispatch.py", "plan")]),
-    ("    binding (Binder.bind)", [("celery_unique/arguments.py", "bind")]),
-    ("    selector + key rules (KeySpec.resolve)", [("celery_unique/declaration.py", "resolve")]),
-    ("      key validation (validate_key)", [("celery_unique/keyspace.py", "validate_key")]),
+    ("  plan() total", [("celery_unique/dispatch/planning.py", "plan")]),
+    ("    binding (Binder.bind)", [("celery_unique/keys/arguments.py", "bind")]),
+    ("    selector + key rules (KeySpec.resolve)", [
+        ("celery_unique/options/declaration.py", "resolve"),
+    ]),
+    ("      key validation (validate_key)", [("celery_unique/keys/keyspace.py", "validate_key")]),
     ("    storage key formatting", [
-        ("celery_unique/keyspace.py", "storage_key"),
-        ("celery_unique/keyspace.py", "display_key"),
+        ("celery_unique/keys/keyspace.py", "storage_key"),
+        ("celery_unique/keys/keyspace.py", "display_key"),
     ]),
     ("    fingerprint + policy digest", [
-        ("celery_unique/fingerprint.py", "request_fingerprint"),
-        ("celery_unique/fingerprint.py", "policy_digest"),
+        ("celery_unique/keys/fingerprint.py", "request_fingerprint"),
+        ("celery_unique/keys/fingerprint.py", "policy_digest"),
     ]),
-    ("    payload JSON round trip", [("celery_unique/arguments.py", "json_payload")]),
-    ("    canonical encoding + sha256", [("celery_unique/canonical.py", "canonical_digest")]),
+    ("    payload JSON round trip", [("celery_unique/keys/arguments.py", "json_payload")]),
+    ("    canonical encoding + sha256", [("celery_unique/keys/canonical.py", "canonical_digest")]),
     ("  store round trip (RedisStore.decide)", [("celery_unique/stores/redis.py", "decide")]),
-    ("  header merge (with_header)", [("celery_unique/dispatch.py", "with_header")]),
+    ("  header merge (with_header)", [("celery_unique/dispatch/apply.py", "with_header")]),
     ("  receipt (stamp)", [("celery_unique/receipt.py", "stamp")]),
     ("  Celery apply_async (message build + publish)", [("celery/app/task.py", "apply_async")]),
     ("    amqp.create_task_message (build)", [("celery/app/amqp.py", "as_task_v2")]),

@@ -32,8 +32,9 @@ from celery import Task
 from harness import BROKER_DB, FULL_STORE_DB, QUEUE, TENANT, Bench, fresh
 
 import celery_unique
-from celery_unique import Disposition, colocated
+from celery_unique import Disposition
 from celery_unique.config import runtime
+from celery_unique.dispatch import colocated
 
 DEFAULT_JSON = "/tmp/celery-unique-bench/latest.json"
 

@@ -7,7 +7,7 @@ queueing a duplicate.
 
 from __future__ import annotations
 
-from celery_unique.batch import dispatch_many
+from celery_unique.dispatch.batch import dispatch_many
 from celery_unique.exceptions import (
     BackendUnavailable,
     CallbacksNotAttached,
@@ -31,7 +31,7 @@ from celery_unique.exceptions import (
     UnsupportedCombination,
 )
 from celery_unique.install import install
-from celery_unique.payload import Payload
+from celery_unique.keys.payload import Payload
 from celery_unique.receipt import Disposition, DuplicateMatch, UniqueResult
 from celery_unique.stores.base import Scope
 from celery_unique.task import UniqueMixin, UniqueTask, UniqueWhile

@@ -31,11 +31,12 @@ import click
 from celery import Celery
 from celery.bin.base import CeleryCommand, CeleryOption, CLIContext, handle_preload_options
 
-from celery_unique import checks, keyspace, operations
+from celery_unique import checks, operations
 from celery_unique.config import runtime
 from celery_unique.exceptions import UniquenessError
 from celery_unique.explain import explain_dispatch
-from celery_unique.keyspace import shown
+from celery_unique.keys import keyspace
+from celery_unique.keys.keyspace import shown
 from celery_unique.operations import KeyInfo, format_ms
 from celery_unique.stores.base import Store
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 from celery.utils import uuid
 
 from celery_unique.config import runtime
-from celery_unique.dispatch import plan, take_dispatch_options
-from celery_unique.keyspace import shown
+from celery_unique.dispatch.apply import take_dispatch_options
+from celery_unique.dispatch.planning import plan
+from celery_unique.keys.keyspace import shown
 from celery_unique.operations import KeyInfo, format_ms, printable
 from celery_unique.stores._records import Record, decide
 from celery_unique.stores.base import Effect, HeldKey, KeyKind, Scope, Verdict
@@ -26,7 +27,7 @@ from celery_unique.stores.base import Effect, HeldKey, KeyKind, Scope, Verdict
 if TYPE_CHECKING:
     from celery import Task
 
-    from celery_unique.declaration import Declaration
+    from celery_unique.options.declaration import Declaration
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from celery_unique import send_task, worker
+from celery_unique import worker
+from celery_unique.dispatch import send_task
 
 
 def install(app: Celery) -> None:

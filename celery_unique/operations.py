@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from celery import states
 
-from celery_unique import keyspace
 from celery_unique.config import runtime
 from celery_unique.exceptions import ImproperlyConfigured
+from celery_unique.keys import keyspace
 from celery_unique.signals import ReleaseReason, emit_released
 from celery_unique.stores.base import HeldKey, KeyKind, Scope, Store
 

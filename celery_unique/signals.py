@@ -52,22 +52,33 @@ import enum
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from celery.utils.dispatch import Signal
 
-from celery_unique import keyspace
-from celery_unique.duplicates import planned_start
+from celery_unique.keys import keyspace
+from celery_unique.options.duplicates import planned_start
 from celery_unique.receipt import DuplicateMatch
 from celery_unique.stores.base import Effect, Verdict
 
 if TYPE_CHECKING:
     from celery import Celery, Task
 
-    from celery_unique.dispatch import Plan
-    from celery_unique.stores.base import Decision
+    from celery_unique.stores.base import Claim, Decision
 
 logger = logging.getLogger("celery_unique")
+
+
+class Planned(Protocol):
+    """What a signal reads of a planned dispatch (the dispatch's plan has these)."""
+
+    @property
+    def claim(self) -> Claim: ...
+    @property
+    def active_key(self) -> str | None: ...
+    @property
+    def window_key(self) -> str | None: ...
+
 
 job_created = Signal(
     name="celery_unique.job_created",
@@ -170,7 +181,7 @@ def _send(
         events.send(app, event, {"uuid": uuid, "name": plain.pop("task_name"), **plain})
 
 
-def emit_created(task: Task[Any, Any], plan: Plan) -> None:
+def emit_created(task: Task[Any, Any], plan: Planned) -> None:
     """A unique dispatch published a new job (verdict ``CREATED``); call after the publish."""
     if not job_created.receivers and not _events(task.app).enabled:
         return
@@ -211,7 +222,7 @@ def emit_rerun_published(task: Task[Any, Any], ended: str, job_id: str, storage_
     )
 
 
-def emit_reused(task: Task[Any, Any], plan: Plan, decision: Decision) -> None:
+def emit_reused(task: Task[Any, Any], plan: Planned, decision: Decision) -> None:
     """A dispatch resolved to an existing job (``REUSED_ACTIVE``/``REUSED_WINDOW``)."""
     match = (
         DuplicateMatch.WINDOW
@@ -264,7 +275,7 @@ _EFFECTS = {
 }
 
 
-def emit_conflict(task: Task[Any, Any], plan: Plan, decision: Decision) -> None:
+def emit_conflict(task: Task[Any, Any], plan: Planned, decision: Decision) -> None:
     """A dispatch failed on a (composition) conflict; call before raising the error."""
     if decision.verdict is Verdict.COMPOSITION_CONFLICT:
         reason = "uniqueness_composition_conflict"

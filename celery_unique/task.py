@@ -13,16 +13,16 @@ from celery.canvas import Signature, _chain
 from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 
-from celery_unique import resend
 from celery_unique.checks.at_dispatch import check_first_dispatch
-from celery_unique.declaration import Declaration
-from celery_unique.dispatch import apply_unique
-from celery_unique.duplicates import DEFAULT_LATEST_MAX_BYTES
+from celery_unique.dispatch import resend
+from celery_unique.dispatch.apply import apply_unique
+from celery_unique.dispatch.headers import HEADER, read_header
+from celery_unique.dispatch.publishing import install_gate
 from celery_unique.explain import Explanation, explain
-from celery_unique.headers import HEADER, read_header
 from celery_unique.install import install
-from celery_unique.keyspace import validate_task_name
-from celery_unique.publishing import install_gate
+from celery_unique.keys.keyspace import validate_task_name
+from celery_unique.options.declaration import Declaration
+from celery_unique.options.duplicates import DEFAULT_LATEST_MAX_BYTES
 from celery_unique.receipt import UniqueResult
 from celery_unique.worker import runs
 from celery_unique.worker.fates import Replaced

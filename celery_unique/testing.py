@@ -32,8 +32,9 @@ from typing import Any
 from celery import Celery
 from celery._state import get_current_app
 
-from celery_unique import config, keyspace
+from celery_unique import config
 from celery_unique.install import install
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import HeldKey, KeyKind, Store
 from celery_unique.stores.memory import MemoryStore
 

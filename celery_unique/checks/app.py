@@ -6,12 +6,13 @@ from typing import Any
 
 from celery_unique.checks.catalogue import Finding, finding, isolated
 from celery_unique.config import configured_backend_url, setting
-from celery_unique.durations import parse_duration_ms
+from celery_unique.config.durations import parse_duration_ms
 from celery_unique.exceptions import UniquenessError
-from celery_unique.masking import masked
-from celery_unique.signing import configured_secret
+from celery_unique.options.declaration import declared
 from celery_unique.stores import STORES, scheme_of
 from celery_unique.stores.base import Scope
+from celery_unique.stores.masking import masked
+from celery_unique.stores.signing import configured_secret
 
 #: Transports that deliver an unacknowledged message again after ``visibility_timeout``.
 _VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")
@@ -50,8 +51,8 @@ def task_findings(app: Any, marked: dict[str, Any]) -> list[Finding]:
 def holds_key_while_running(task: Any) -> bool:
     """Whether the UniqueTask ``task`` holds an active-type key (declared, or given per
     dispatch) while its job runs: only such a key outlives a lost worker or release."""
-    declared = task.__unique__
-    return (declared.key is not None or declared.overridable) and declared.scope in (
+    declaration = task.__unique__
+    return (declaration.key is not None or declaration.overridable) and declaration.scope in (
         Scope.ACTIVE,
         Scope.EXISTS,
     )
@@ -89,9 +90,7 @@ def _plain_tasks_with_options(app: Any) -> list[Finding]:
 
 def plain_task_with_options(name: str, task: Any) -> Finding | None:
     """E020 when ``task`` has ``unique_*`` options but is not a UniqueTask."""
-    from celery_unique.task import UniqueMixin
-
-    if isinstance(task, UniqueMixin):
+    if declared(task) is not None:
         return None
     options = sorted(attr for attr in dir(type(task)) if attr.startswith("unique_"))
     if not options:
@@ -110,30 +109,25 @@ def uses_celery_unique(app: Any) -> bool:
     """Whether ``app`` has anything of celery-unique: a unique_* setting, or a task that is
     a UniqueTask or has unique_* options."""
     from celery_unique.config import DEFAULTS
-    from celery_unique.task import UniqueMixin
 
     if any(app.conf.get(name) is not None for name in DEFAULTS):
         return True
     return any(
-        isinstance(task, UniqueMixin) or plain_task_with_options(name, task) is not None
+        declared(task) is not None or plain_task_with_options(name, task) is not None
         for name, task in app.tasks.items()
     )
 
 
 def _has_unique_tasks(app: Any) -> bool:
-    from celery_unique.task import UniqueMixin
-
-    return any(isinstance(task, UniqueMixin) for task in app.tasks.values())
+    return any(declared(task) is not None for task in app.tasks.values())
 
 
 def _marked_tasks(app: Any) -> dict[str, Any]:
     """The app's unique tasks that hold a key while their job runs, by name."""
-    from celery_unique.task import UniqueMixin
-
     return {
         name: task
         for name, task in sorted(app.tasks.items())
-        if isinstance(task, UniqueMixin) and holds_key_while_running(task)
+        if declared(task) is not None and holds_key_while_running(task)
     }
 
 
@@ -194,15 +188,13 @@ def _no_publisher_confirms(app: Any) -> list[Finding]:
 
 def _unsigned_arguments(app: Any) -> list[Finding]:
     """W030: stored arguments signed with a key derived from the namespace alone."""
-    from celery_unique.task import UniqueMixin
-
     url = configured_backend_url(app)
     if configured_secret(app) is not None or url is None or scheme_of(url) == "memory":
         return []  # A memory store lives in the process: nobody else writes it.
     following = [
         name
         for name, task in sorted(app.tasks.items())
-        if isinstance(task, UniqueMixin) and task.__unique__.duplicates.follows
+        if (declaration := declared(task)) is not None and declaration.duplicates.follows
     ]
     if not following:
         return []
@@ -224,13 +216,13 @@ def _retention_past_results(app: Any, marked: dict[str, Any]) -> list[Finding]:
         return []  # Results never expire.
     findings = []
     for name, task in marked.items():
-        declared = task.__unique__
-        if declared.scope is Scope.EXISTS and (declared.retention_ms or 0) > expires_ms:
+        declaration = task.__unique__
+        if declaration.scope is Scope.EXISTS and (declaration.retention_ms or 0) > expires_ms:
             findings.append(
                 finding(
                     "celery_unique.W022",
                     name,
-                    f"task {name} keeps its exists key {declared.retention_ms / 1000:g} s "
+                    f"task {name} keeps its exists key {declaration.retention_ms / 1000:g} s "
                     f"after the job, but results expire after {expires_ms / 1000:g} s "
                     "(result_expires): the reaper cannot tell whether an old job finished",
                 )

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery_unique.exceptions import InvalidDeclaration
-from celery_unique.masking import redacted
 from celery_unique.stores import STORES
+from celery_unique.stores.masking import redacted
 
 
 class Level(enum.Enum):

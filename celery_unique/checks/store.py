@@ -8,8 +8,9 @@ from typing import Any
 from celery_unique.checks.catalogue import Finding, finding, isolated, unfinished
 from celery_unique.config import configured_backend_url, runtime
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
-from celery_unique.masking import masked, redacted
+from celery_unique.options.declaration import declared
 from celery_unique.stores.base import EvictionUnknown
+from celery_unique.stores.masking import masked, redacted
 
 #: How long an app's entry in the namespace registry counts without being renewed.
 REGISTRY_KEEP_MS = 7 * 24 * 3600 * 1000
@@ -181,9 +182,7 @@ def _shared_namespace(app: Any, store: Any, namespace: str) -> list[Finding]:
     version of the app, a second project under the default name) overwrites the entry,
     and cannot be told apart from a deploy of new code.
     """
-    from celery_unique.task import UniqueMixin
-
-    tasks = sorted(name for name, task in app.tasks.items() if isinstance(task, UniqueMixin))
+    tasks = sorted(name for name, task in app.tasks.items() if declared(task) is not None)
     me = str(app.main or "celery")
     apps = store.register_app(namespace, me, tasks, REGISTRY_KEEP_MS)
     if apps is None:

@@ -1,4 +1,8 @@
-"""Store selection by URL scheme: one alias map, so a new store is one file and one line."""
+"""Where keys are held (memory, SQLite, Redis), and what crosses that boundary signed or masked.
+
+A store is chosen by its URL's scheme: one alias map, so a new store is one
+file and one line.
+"""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def open_store(url: str) -> Store:
     slot map): a URL is refused before anything is written or published.
     """
     from celery_unique.exceptions import ImproperlyConfigured, UniquenessError
-    from celery_unique.masking import masked, redacted
+    from celery_unique.stores.masking import masked, redacted
 
     target = STORES.get(scheme_of(url))
     if target is None:

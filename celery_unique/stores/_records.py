@@ -13,7 +13,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from celery_unique.keyspace import release_note
+from celery_unique.keys.keyspace import release_note
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,

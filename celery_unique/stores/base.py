@@ -488,7 +488,7 @@ class Store(ABC):
         next run (the first, or one after a retry or a requeue) starts with.
 
         An operator's release never stops the job: with ``job_id``, the store
-        notes (:func:`~celery_unique.keyspace.release_note`, for as long as the
+        notes (:func:`~celery_unique.keys.keyspace.release_note`, for as long as the
         key would have lived) that the job's hold was released, so that its
         deliveries still run once another job holds the key (:meth:`start_run`).
         """

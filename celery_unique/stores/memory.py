@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from celery_unique.keyspace import is_release_note
+from celery_unique.keys.keyspace import is_release_note
 from celery_unique.stores import _records
 from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind
 

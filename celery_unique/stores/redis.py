@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured, StoreRefused
-from celery_unique.keyspace import PREFIX, release_note, split_storage_key
-from celery_unique.masking import masked
+from celery_unique.keys.keyspace import PREFIX, release_note, split_storage_key
+from celery_unique.stores import cleanup
 from celery_unique.stores._records import claim_keys
 from celery_unique.stores.base import (
     GOES_ON,
@@ -50,6 +49,7 @@ from celery_unique.stores.base import (
     Store,
     Verdict,
 )
+from celery_unique.stores.masking import masked
 from celery_unique.stores.redis_lanes import Lane, Lanes
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import cast
 
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
-from celery_unique.keyspace import is_release_note
-from celery_unique.masking import masked
+from celery_unique.keys.keyspace import is_release_note
 from celery_unique.stores import _records
 from celery_unique.stores.base import Claim, Decision, HeldKey, KeyKind, OnDuplicate, Scope
+from celery_unique.stores.masking import masked
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS celery_unique_keys (

@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import logging
 import traceback
-import weakref
 from typing import Any
 
 from celery import Celery, signals
 
-from celery_unique import cleanup
 from celery_unique.checks.at_start import check_at_worker_start
 from celery_unique.config import configured_backend_url, runtime
-from celery_unique.masking import redacted
-from celery_unique.publishing import install_gate
+from celery_unique.dispatch.publishing import install_gate
+from celery_unique.stores import cleanup
+from celery_unique.stores.masking import redacted
 from celery_unique.worker import alive, control, dropped, guard, leases, limits, runs
 from celery_unique.worker.step import FollowFates
 
@@ -48,22 +47,13 @@ def _on_worker_shutdown(**_: object) -> None:
     cleanup.flush(SHUTDOWN_FLUSH_S)
 
 
-#: Apps whose worker side is installed (a worker prepares only those).
-_installed: weakref.WeakSet[Celery] = weakref.WeakSet()
-
-
-def installed_in(app: Celery) -> bool:
-    """Whether ``app`` has the worker side (a unique task of it was bound in this process)."""
-    return app in _installed
-
-
 def _on_worker_init(sender: Any = None, **_: object) -> None:
     # Build the store in the main process before the pool forks, so that every
     # pool child inherits its client library imported: importing redis-py takes
     # a second or more on a busy machine, time the first job of each child would
     # otherwise spend before its body starts (past a short time limit, even).
     app = getattr(sender, "app", None)
-    if app is None or app not in _installed:
+    if app is None or not control.installed_in(app):
         return
     # Before the pool forks, too: its children build their tracers from these tasks.
     guard.guard_tasks(app)
@@ -83,7 +73,7 @@ def _on_worker_init(sender: Any = None, **_: object) -> None:
 
 
 def _on_pool_child_start(**_: object) -> None:
-    for app in list(_installed):
+    for app in control.installed_apps():
         alive.prepare(app)
 
 
@@ -108,7 +98,7 @@ def install(app: Celery) -> None:
     signals.worker_shutdown.connect(
         _on_worker_shutdown, weak=False, dispatch_uid="celery_unique.worker.shutdown"
     )
-    _installed.add(app)
+    control.mark_installed(app)
     signals.worker_init.connect(
         _on_worker_init, weak=False, dispatch_uid="celery_unique.worker.prepare"
     )

@@ -13,11 +13,11 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celery_unique import cleanup
 from celery_unique.config import runtime
-from celery_unique.dispatch import release_at
-from celery_unique.headers import own_header
+from celery_unique.dispatch.apply import release_at
+from celery_unique.dispatch.headers import own_header
 from celery_unique.signals import ReleaseReason, emit_released
+from celery_unique.stores import cleanup
 
 
 def _app_of(*sources: Any) -> Celery | None:

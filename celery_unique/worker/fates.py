@@ -39,7 +39,7 @@ a lost child retried by the worker            re-sent by the main process  kept
 
 A ``queued`` key is released when the pool accepts the job (it starts), or
 when its message is dropped without running. Releases are sent by the
-background thread of :mod:`celery_unique.cleanup`: the main process's event
+background thread of :mod:`celery_unique.stores.cleanup`: the main process's event
 loop never waits for the store, and a release the store does not take now is
 retried until it does.
 """
@@ -58,11 +58,12 @@ from billiard.exceptions import Terminated, TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry
 from celery.worker.request import Request
 
-from celery_unique import cleanup, resend
 from celery_unique.config import own_namespace, runtime
-from celery_unique.dispatch import release_at
-from celery_unique.headers import HEADER, VERSION, KeyHeader, confined, read_header
+from celery_unique.dispatch import resend
+from celery_unique.dispatch.apply import release_at
+from celery_unique.dispatch.headers import HEADER, VERSION, KeyHeader, confined, read_header
 from celery_unique.signals import ReleaseReason, emit_released
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import GOES_ON, HAND_OVER_UNDONE, RUNNING, Release
 from celery_unique.worker import alive, follow_up, runs
 

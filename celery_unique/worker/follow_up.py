@@ -1,14 +1,14 @@
 """The run a ``latest``/``debounce`` job's duplicates are owed, published as the job ends.
 
 A duplicate that met the job running left its arguments and the id of one
-owed run with the key (:mod:`celery_unique.duplicates`). When the job ends for
+owed run with the key (:mod:`celery_unique.options.duplicates`). When the job ends for
 good, the worker's main process, which frees the key, first asks the store to
 hand the key to that run (:meth:`~celery_unique.stores.base.Store.pass_on`: one
 atomic step, so however many duplicates came, one run is owed and one takes
 the key) and publishes it, with the latest arguments, to the queue the job
 came from. The run is always the ended job's own task, never one the store
 names, and its arguments run only if their signature holds
-(:mod:`celery_unique.signing`): a run whose record fails the check is logged,
+(:mod:`celery_unique.stores.signing`): a run whose record fails the check is logged,
 not published, and its key freed. That step does not wait, as the release
 does, for kombu to confirm the job's acknowledgement: a copy of the message
 the broker delivers again finds the key the owed run's and does not run.
@@ -32,11 +32,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery_unique import resend, signals
+from celery_unique import signals
 from celery_unique.config import runtime
-from celery_unique.duplicates import RefusedArguments, decode_arguments
-from celery_unique.headers import KeyHeader
-from celery_unique.keyspace import split_storage_key
+from celery_unique.dispatch import resend
+from celery_unique.dispatch.headers import KeyHeader
+from celery_unique.keys.keyspace import split_storage_key
+from celery_unique.options.duplicates import RefusedArguments, decode_arguments
 from celery_unique.stores.base import FollowUp, Release
 
 logger = logging.getLogger("celery_unique")

@@ -21,7 +21,7 @@ from typing import Any
 from celery import Celery, signals
 
 from celery_unique.config import runtime
-from celery_unique.headers import read_header
+from celery_unique.dispatch.headers import read_header
 from celery_unique.stores.base import Hold
 
 logger = logging.getLogger("celery_unique")

@@ -56,11 +56,11 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore
 
-from celery_unique import resend
 from celery_unique.config import runtime
-from celery_unique.duplicates import RefusedArguments, decode_arguments
+from celery_unique.dispatch import resend
+from celery_unique.dispatch.headers import KeyHeader, own_header, read_header
 from celery_unique.exceptions import BackendUnavailable
-from celery_unique.headers import KeyHeader, own_header, read_header
+from celery_unique.options.duplicates import RefusedArguments, decode_arguments
 from celery_unique.stores.base import (
     HAND_OVER_UNDONE,
     HANDING_OVER,

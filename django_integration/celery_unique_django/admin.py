@@ -41,12 +41,13 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html
 
-from celery_unique import keyspace, operations
+from celery_unique import operations
 from celery_unique.config import configured_backend_url, runtime
 from celery_unique.exceptions import UniquenessError
-from celery_unique.masking import masked
+from celery_unique.keys import keyspace
 from celery_unique.operations import KeyInfo, format_ms
 from celery_unique.stores.base import KeyKind
+from celery_unique.stores.masking import masked
 from celery_unique_django.conf import celery_app
 from celery_unique_django.models import DatabaseNowMs, StoreKey, UniqueKey
 from celery_unique_django.store import DjangoStore

@@ -14,7 +14,7 @@ class CeleryUniqueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from celery_unique import signing
+        from celery_unique.stores import signing
         from celery_unique_django import checks  # noqa: F401  (registers the system checks)
         from celery_unique_django.conf import secret_key
 

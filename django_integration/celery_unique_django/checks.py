@@ -54,11 +54,11 @@ from typing import Any
 from celery import Celery
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from celery_unique.booleans import WORDS, parse_bool
 from celery_unique.checks import Finding, app_findings, import_task_modules, store_findings
+from celery_unique.config.booleans import WORDS, parse_bool
 from celery_unique.exceptions import ImproperlyConfigured, UniquenessError
-from celery_unique.masking import masked
 from celery_unique.stores import STORES
+from celery_unique.stores.masking import masked
 from celery_unique_django.conf import APP_SETTING, SETTINGS, celery_app, django_name, django_value
 
 TAG = "celery_unique"

@@ -59,10 +59,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Count, Q, QuerySet
 from django.db.utils import load_backend
 
-from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable, ImproperlyConfigured
-from celery_unique.keyspace import RELEASE_NOTE, is_release_note
-from celery_unique.stores import _records
+from celery_unique.keys.keyspace import RELEASE_NOTE, is_release_note
+from celery_unique.stores import _records, cleanup
 from celery_unique.stores.base import (
     Claim,
     Decision,

@@ -14,9 +14,9 @@ from typing import Any
 DOCS = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(DOCS.parent))
 
-from celery_unique.canonical import canonical_bytes  # noqa: E402
-from celery_unique.paths import Selection, parse_path  # noqa: E402
-from celery_unique.payload import Payload  # noqa: E402
+from celery_unique.keys.canonical import canonical_bytes  # noqa: E402
+from celery_unique.keys.paths import Selection, parse_path  # noqa: E402
+from celery_unique.keys.payload import Payload  # noqa: E402
 
 TARGET = DOCS / "hash-vectors.json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,

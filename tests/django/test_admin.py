@@ -14,9 +14,9 @@ from django.test import Client, override_settings
 
 from celery_unique import Disposition
 from celery_unique.config import reset, runtime
-from celery_unique.duplicates import encode_arguments
-from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.keys.keyspace import ACTIVE, storage_key
 from celery_unique.operations import arguments_digest
+from celery_unique.options.duplicates import encode_arguments
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,

@@ -125,7 +125,7 @@ def test_a_decision_whose_commit_reply_is_lost_is_undone_not_retried(
     Trying the decision again on a new connection would find the key held by
     its own job id and call that never-published job a duplicate of itself.
     """
-    from celery_unique import cleanup
+    from celery_unique.stores import cleanup
     from tests.faultproxy import FaultProxy
     from tests.polling import eventually
 

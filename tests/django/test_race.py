@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 from celery_unique.stores import open_store
 from tests.django._race_child import Race, Report, run
 from tests.django.conftest import database_params, require_database

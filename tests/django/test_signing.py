@@ -7,7 +7,7 @@ from celery import Celery
 from django.test import override_settings
 
 from celery_unique.config import reset, runtime
-from celery_unique.signing import configured_secret
+from celery_unique.stores.signing import configured_secret
 
 
 def signing_key(app: Celery) -> bytes:

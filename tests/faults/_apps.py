@@ -40,7 +40,7 @@ OUTER = "faults.outer"
 FOLLOW = "faults.follow"
 #: A plain task ``faults.follow`` replaces itself by (``replace_by_tail``).
 FOLLOW_TAIL = "faults.follow_tail"
-#: The message header carrying a job's keys (``celery_unique.headers.HEADER``,
+#: The message header carrying a job's keys (``celery_unique.dispatch.headers.HEADER``,
 #: spelled out: a plain app never imports the plugin).
 KEY_HEADER = "celery_unique"
 

@@ -32,7 +32,7 @@ import redis
 from celery import Celery
 
 from celery_unique import config as unique_config
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 from celery_unique.stores.redis import RedisStore
 from tests import polling
 from tests.conftest import HOST, fresh_queue_name

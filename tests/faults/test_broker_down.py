@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from kombu.exceptions import OperationalError
 
-from celery_unique import Disposition, keyspace
+from celery_unique import Disposition
+from celery_unique.keys import keyspace
 
 from ._apps import JOB, Spec
 from .conftest import RedisServer, job_key, open_store, producer, queue_length, task_of

@@ -29,10 +29,10 @@ from celery_unique import (
     BackendUnavailable,
     Disposition,
     ImproperlyConfigured,
-    cleanup,
     dispatch_many,
 )
 from celery_unique import config as unique_config
+from celery_unique.stores import cleanup
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from celery_unique import Disposition, keyspace
+from celery_unique import Disposition
+from celery_unique.keys import keyspace
 from tests.faultproxy import FaultProxy
 from tests.spawned import run_in_processes
 

@@ -41,13 +41,13 @@ from celery_unique import (
     Disposition,
     UniquenessConflict,
     checks,
-    cleanup,
     dispatch_many,
     operations,
 )
 from celery_unique import config as unique_config
 from celery_unique.cli import unique
 from celery_unique.receipt import UniqueResult
+from celery_unique.stores import cleanup
 from celery_unique.stores.redis import RedisStore
 from tests.conftest import HOST
 from tests.processes import REPO, RedisServer

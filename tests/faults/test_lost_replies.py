@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-from celery_unique import BackendUnavailable, Disposition, cleanup, dispatch_many, keyspace
+from celery_unique import BackendUnavailable, Disposition, dispatch_many
+from celery_unique.keys import keyspace
+from celery_unique.stores import cleanup
 from tests.faultproxy import FaultProxy
 from tests.processes import RedisServer
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from celery_unique import Disposition, keyspace
+from celery_unique import Disposition
+from celery_unique.keys import keyspace
 from celery_unique.stores.redis import RedisStore
 
 from ._apps import JOB, Spec

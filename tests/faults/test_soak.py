@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 from tests.spawned import run_in_processes
 
 from ._apps import Spec

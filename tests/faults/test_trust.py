@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 
 from ._apps import FOLLOW, JOB, KEY_HEADER, Spec
 from .conftest import Worker, eventually, follow_runs, job_key, producer, starts, task_of

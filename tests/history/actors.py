@@ -148,7 +148,7 @@ def marks(url: str) -> Any:
 
 def watch_settling(record: Recorder, proc: str) -> None:
     """Record each moment this process stops owing the store anything (a daemon thread)."""
-    from celery_unique import cleanup
+    from celery_unique.stores import cleanup
 
     def loop() -> None:
         owed = False
@@ -178,7 +178,7 @@ def build(spec: Spec, *, role: str) -> Celery:
     """The app, for a worker (``role="worker"``) or a producer."""
     from celery_unique import UniqueTask
     from celery_unique import signals as unique_signals
-    from celery_unique.keyspace import split_storage_key
+    from celery_unique.keys.keyspace import split_storage_key
     from celery_unique.worker.fates import Replaced
 
     if spec.store_override:
@@ -404,8 +404,9 @@ def build(spec: Spec, *, role: str) -> Celery:
 
 def produce(spec: Spec, index: int, seed: int, until: float, done_queue: Any) -> None:
     """One producer process: dispatch at random until ``until`` (a ``time.time()``)."""
-    from celery_unique import UniquenessError, cleanup, dispatch_many, operations
+    from celery_unique import UniquenessError, dispatch_many, operations
     from celery_unique import config as unique_config
+    from celery_unique.stores import cleanup
 
     proc = f"p{index}"
     # Conflicts and reuses are the point here: keep their log lines out of the way.

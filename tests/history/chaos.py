@@ -9,7 +9,7 @@ Actors, all real processes on loopback, started and stopped by the run:
 * the broker: another durable ``redis-server``, or the local RabbitMQ, or
   (``colocated``) database 1 of the store's own server, which producers reach
   through the same proxy: each created job's decision carries its message
-  (:mod:`celery_unique.colocated`), and the proxy's faults hit that script;
+  (:mod:`celery_unique.dispatch.colocated`), and the proxy's faults hit that script;
 * two ``celery worker --pool=prefork --concurrency=4`` nodes (``acks_late``,
   ``reject_on_worker_lost``: a killed job is redelivered, never lost);
 * three producer processes dispatching at random (:mod:`tests.history.actors`).

@@ -25,7 +25,7 @@ from kombu.exceptions import EncodeError, OperationalError
 
 from celery_unique import Disposition, UniqueResult, UniqueTask, dispatch_many
 from celery_unique import config as unique_config
-from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.keys.keyspace import ACTIVE, storage_key
 from tests.conftest import fresh_queue_name, redis_publisher
 
 from .test_races import queue_lists

@@ -33,8 +33,9 @@ from celery.utils import uuid as job_uuid
 from click.testing import CliRunner
 
 from celery_unique import config as unique_config
-from celery_unique import keyspace, operations
+from celery_unique import operations
 from celery_unique.cli import unique
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import ActiveClaim, Claim, Scope, WindowClaim
 from celery_unique.stores.redis import RedisStore
 from tests.conftest import fresh_queue_name

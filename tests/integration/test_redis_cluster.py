@@ -14,8 +14,14 @@ import pytest
 import redis.client
 from celery import Celery
 
-from celery_unique import Disposition, UniqueTask, UnsupportedCombination, dispatch_many, keyspace
+from celery_unique import (
+    Disposition,
+    UniqueTask,
+    UnsupportedCombination,
+    dispatch_many,
+)
 from celery_unique import config as unique_config
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import (
     Store,
 )

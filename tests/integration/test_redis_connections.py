@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.keys.keyspace import ACTIVE, storage_key
 from celery_unique.stores.base import ActiveClaim, Claim, RunStart, Scope, Verdict
 from celery_unique.stores.redis import RedisStore
 

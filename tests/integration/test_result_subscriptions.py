@@ -17,9 +17,15 @@ from celery import Celery
 from celery.utils import uuid
 from kombu import Exchange, Queue
 
-from celery_unique import Disposition, UniquenessConflict, UniqueTask, colocated, dispatch_many
+from celery_unique import (
+    Disposition,
+    UniquenessConflict,
+    UniqueTask,
+    dispatch_many,
+)
 from celery_unique import config as unique_config
 from celery_unique.config import runtime
+from celery_unique.dispatch import colocated
 from tests.conftest import redis_celery_config, redis_publisher
 from tests.polling import eventually
 

@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from celery_unique import config as unique_config
-from celery_unique import keyspace
+from celery_unique.keys import keyspace
 from celery_unique.stores.redis import RedisStore
 from tests.conftest import fresh_queue_name, require_service, service_port
 from tests.paths import _app

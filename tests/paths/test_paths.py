@@ -50,7 +50,8 @@ from typing import Any
 import celery
 import pytest
 
-from celery_unique import Disposition, DuplicateMatch, keyspace
+from celery_unique import Disposition, DuplicateMatch
+from celery_unique.keys import keyspace
 from celery_unique.stores import redis as redis_store
 from tests.paths import _app
 from tests.paths._pass import LEASE_S, RETENTION_S, Pass

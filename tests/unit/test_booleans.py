@@ -9,7 +9,7 @@ from celery import Celery
 
 from celery_unique import ImproperlyConfigured, UniqueTask
 from celery_unique import config as unique_config
-from celery_unique.booleans import parse_bool
+from celery_unique.config.booleans import parse_bool
 from celery_unique.exceptions import InvalidBoolean
 
 TRUE = [True, "true", "True", "TRUE", "1", "yes", "Yes", "on", "ON"]

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_unique.canonical import VERSION_TAG, canonical_bytes, canonical_digest
 from celery_unique.exceptions import InvalidPayload
+from celery_unique.keys.canonical import VERSION_TAG, canonical_bytes, canonical_digest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -199,7 +199,7 @@ def test_version_tag_is_hashed() -> None:
 
 DIGEST_SCRIPT = """
 import json
-from celery_unique.canonical import canonical_digest
+from celery_unique.keys.canonical import canonical_digest
 words = {"alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa"}
 payload = {word: {other: len(other) for other in words if other != word} for word in words}
 print(json.dumps({"order": list(payload), "digest": canonical_digest(payload)}))

@@ -9,7 +9,7 @@ from celery import Celery, signals
 
 from celery_unique import config as unique_config
 from celery_unique import worker
-from celery_unique.masking import masked, redacted
+from celery_unique.stores.masking import masked, redacted
 
 
 @pytest.mark.parametrize(

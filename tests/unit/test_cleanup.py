@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from celery_unique import cleanup
 from celery_unique.exceptions import BackendUnavailable
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import GOES_ON, Release
 from celery_unique.stores.memory import MemoryStore
 

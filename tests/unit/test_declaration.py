@@ -19,7 +19,7 @@ from celery_unique import (
     UniqueTask,
     UnsupportedCombination,
 )
-from celery_unique.declaration import parse_window
+from celery_unique.options.declaration import parse_window
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from celery_unique import (
     UnsupportedCombination,
 )
 from celery_unique.config import runtime
-from celery_unique.headers import HEADER
+from celery_unique.dispatch.headers import HEADER
 from tests.unit.conftest import queued_job_ids
 
 
@@ -396,7 +396,7 @@ def test_missing_store_setting_names_it(published: list[Any]) -> None:
 )
 def test_binding_applies_defaults_and_names(args: Any, kwargs: Any, expected: Any) -> None:
     """Positional and keyword arguments bind by name, with defaults filled in."""
-    from celery_unique.arguments import Binder
+    from celery_unique.keys.arguments import Binder
 
     def run(a: int, b: int = 2, c: int = 3) -> None:
         return None
@@ -410,7 +410,7 @@ def test_binding_applies_defaults_and_names(args: Any, kwargs: Any, expected: An
 )
 def test_binding_mismatches_raise_type_error(args: Any, kwargs: Any) -> None:
     """Too many, doubled, missing or unknown arguments raise TypeError as Python would."""
-    from celery_unique.arguments import Binder
+    from celery_unique.keys.arguments import Binder
 
     def run(a: int, b: int = 2, c: int = 3) -> None:
         return None
@@ -424,7 +424,7 @@ def test_a_release_ends_only_the_hold_of_its_own_dispatch(
 ) -> None:
     """``queued`` with a caller's task_id: the end of the first run (its header's release)
     leaves the key the same id took again meanwhile; a third dispatch is REUSED."""
-    from celery_unique.dispatch import release_at
+    from celery_unique.dispatch.apply import release_at
 
     @app.task(shared=False, base=UniqueTask, unique_key="refresh", unique_while="queued")
     def refresh() -> None:

@@ -26,7 +26,7 @@ from celery_unique import (
     UniqueTask,
 )
 from celery_unique.config import runtime
-from celery_unique.duplicates import decode_arguments, encode_arguments, parse_policy
+from celery_unique.options.duplicates import decode_arguments, encode_arguments, parse_policy
 from celery_unique.stores.base import OnDuplicate
 
 _names = itertools.count()

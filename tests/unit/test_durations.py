@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from celery_unique.durations import MAX_WINDOW_MS, parse_duration_ms, parse_window
+from celery_unique.config.durations import MAX_WINDOW_MS, parse_duration_ms, parse_window
 from celery_unique.exceptions import InvalidDeclaration, InvalidWindow
 
 LONGEST = timedelta(days=3650)

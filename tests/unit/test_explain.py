@@ -14,10 +14,10 @@ from celery_unique import (
     Payload,
     UniqueTask,
     UnsupportedCombination,
-    keyspace,
 )
 from celery_unique.config import runtime
 from celery_unique.explain import explain, explain_dispatch
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import KeyKind, Scope, Verdict
 
 

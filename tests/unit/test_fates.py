@@ -30,13 +30,15 @@ from celery import Celery
 from celery.exceptions import Ignore, Reject, Retry
 
 import celery_unique
-from celery_unique import UniqueTask, cleanup, resend
+from celery_unique import UniqueTask
 from celery_unique import signals as unique_signals
 from celery_unique.config import runtime
-from celery_unique.duplicates import encode_arguments
-from celery_unique.headers import HEADER, VERSION, KeyHeader
-from celery_unique.keyspace import ACTIVE, storage_key
+from celery_unique.dispatch import resend
+from celery_unique.dispatch.headers import HEADER, VERSION, KeyHeader
+from celery_unique.keys.keyspace import ACTIVE, storage_key
+from celery_unique.options.duplicates import encode_arguments
 from celery_unique.signals import ReleaseReason
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import (
     GOES_ON,
     HAND_OVER_UNDONE,

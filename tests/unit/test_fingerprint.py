@@ -9,9 +9,14 @@ from typing import Any
 
 from kombu import Exchange, Queue
 
-from celery_unique.arguments import json_payload
-from celery_unique.canonical import canonical_digest
-from celery_unique.fingerprint import _TASK_POLICY, POLICY_HEX, policy_digest, request_fingerprint
+from celery_unique.keys.arguments import json_payload
+from celery_unique.keys.canonical import canonical_digest
+from celery_unique.keys.fingerprint import (
+    _TASK_POLICY,
+    POLICY_HEX,
+    policy_digest,
+    request_fingerprint,
+)
 
 
 def task(**settings: Any) -> Any:

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from celery_unique.canonical import canonical_bytes
-from celery_unique.paths import Selection, parse_path
-from celery_unique.payload import Payload
+from celery_unique.keys.canonical import canonical_bytes
+from celery_unique.keys.paths import Selection, parse_path
+from celery_unique.keys.payload import Payload
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 VECTORS_FILE = DOCS / "hash-vectors.json"

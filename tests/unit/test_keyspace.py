@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from celery_unique import InvalidKey, keyspace
+from celery_unique import InvalidKey
 from celery_unique.exceptions import ImproperlyConfigured, InvalidDeclaration, InvalidJobId
-from celery_unique.keyspace import (
+from celery_unique.keys import keyspace
+from celery_unique.keys.keyspace import (
     display_key,
     hash_tag,
     key_tag,

@@ -12,11 +12,17 @@ from celery import Celery, states
 from celery.events.event import get_exchange
 from kombu import Queue
 
-from celery_unique import DuplicateMatch, ImproperlyConfigured, UniqueTask, keyspace, operations
+from celery_unique import (
+    DuplicateMatch,
+    ImproperlyConfigured,
+    UniqueTask,
+    operations,
+)
 from celery_unique import config as unique_config
 from celery_unique import signals as unique_signals
 from celery_unique.config import runtime
-from celery_unique.dispatch import Plan
+from celery_unique.dispatch.planning import Plan
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from celery_unique.exceptions import InvalidDeclaration, InvalidPath
-from celery_unique.paths import Path, Selection, exclude, parse_path, project, render_path
+from celery_unique.keys.paths import Path, Selection, exclude, parse_path, project, render_path
 
 
 @pytest.mark.parametrize(

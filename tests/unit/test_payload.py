@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from celery_unique.canonical import canonical_digest
 from celery_unique.exceptions import InvalidDeclaration, InvalidPath, InvalidPayload
-from celery_unique.payload import Payload
+from celery_unique.keys.canonical import canonical_digest
+from celery_unique.keys.payload import Payload
 
 Segments = tuple[str | int, ...]
 

@@ -6,7 +6,7 @@ import pytest
 from celery import Celery
 
 from celery_unique import config as unique_config
-from celery_unique.publishing import Gate
+from celery_unique.dispatch.gate import Gate
 from celery_unique.stores.base import Claim
 
 

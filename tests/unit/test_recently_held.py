@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_unique.recently_held import RecentlyHeld
+from celery_unique.config.recently_held import RecentlyHeld
 from celery_unique.stores.base import (
     ActiveClaim,
     Claim,

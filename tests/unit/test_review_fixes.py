@@ -17,8 +17,8 @@ from celery_unique import (
     UniqueTask,
     config,
 )
-from celery_unique.declaration import parse_window
-from celery_unique.keyspace import validate_job_id, validate_namespace
+from celery_unique.keys.keyspace import validate_job_id, validate_namespace
+from celery_unique.options.declaration import parse_window
 
 
 def test_window_reuse_with_another_chain_is_a_conflict(

@@ -47,7 +47,7 @@ def test_unguarded_app_logs_an_error_for_leaked_options(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """An app that never installed the guard still gets a loud error for ignored options."""
-    from celery_unique import send_task
+    from celery_unique.dispatch import send_task
 
     send_task.connect()
     bare = Celery("bare-send", broker="memory://", set_as_current=False)

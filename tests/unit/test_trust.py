@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_unique import InvalidPayload, UniqueTask, keyspace, signing
+from celery_unique import InvalidPayload, UniqueTask
 from celery_unique.checks import app_findings
 from celery_unique.config import reset, runtime
-from celery_unique.duplicates import RefusedArguments, decode_arguments, encode_arguments
+from celery_unique.dispatch.headers import VERSION, KeyHeader, confined, own_header
 from celery_unique.exceptions import ImproperlyConfigured
-from celery_unique.headers import VERSION, KeyHeader, confined, own_header
+from celery_unique.keys import keyspace
+from celery_unique.options.duplicates import RefusedArguments, decode_arguments, encode_arguments
+from celery_unique.stores import signing
 
 KEY = keyspace.storage_key("unit", keyspace.ACTIVE, "trust.job", "k")
 

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_unique import cleanup, keyspace
 from celery_unique import config as unique_config
+from celery_unique.keys import keyspace
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import HeldKey
 from celery_unique.stores.redis import RedisStore
 from celery_unique.worker import fates

@@ -20,7 +20,7 @@ from celery_unique import (
     dispatch_many,
 )
 from celery_unique.config import runtime
-from celery_unique.keyspace import namespace_prefix
+from celery_unique.keys.keyspace import namespace_prefix
 from celery_unique.stores.redis import RedisStore
 
 from .conftest import NAMESPACE, active_key, eventually

@@ -18,8 +18,9 @@ from celery import Celery, signals
 from celery.exceptions import MaxRetriesExceededError, Reject
 from celery.worker import WorkController
 
-from celery_unique import Disposition, DuplicateMatch, UniqueTask, cleanup
-from celery_unique.publishing import install_gate
+from celery_unique import Disposition, DuplicateMatch, UniqueTask
+from celery_unique.dispatch.publishing import install_gate
+from celery_unique.stores import cleanup
 from celery_unique.stores.redis import RedisStore
 from celery_unique.worker.step import follow_fates
 

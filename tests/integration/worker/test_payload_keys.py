@@ -23,7 +23,7 @@ from celery.worker import WorkController
 from kombu.utils.json import dumps as kombu_dumps
 
 from celery_unique import Disposition, DuplicateMatch, InvalidPayload, Payload, UniqueTask
-from celery_unique.keyspace import namespace_prefix
+from celery_unique.keys.keyspace import namespace_prefix
 from celery_unique.stores.redis import RedisStore
 
 from .conftest import NAMESPACE, active_key

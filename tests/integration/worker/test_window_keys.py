@@ -26,8 +26,8 @@ from celery_unique import (
     InvalidWindow,
     UniquenessConflict,
     UniqueTask,
-    keyspace,
 )
+from celery_unique.keys import keyspace
 from celery_unique.stores.base import HeldKey, KeyKind
 from celery_unique.stores.redis import RedisStore
 

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery_unique.headers import HEADER, KeyHeader, read_header
+from celery_unique.dispatch.headers import HEADER, KeyHeader, read_header
 
 if TYPE_CHECKING:
     from celery import Celery

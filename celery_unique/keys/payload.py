@@ -11,15 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from celery_unique.canonical import canonical_digest
 from celery_unique.exceptions import InvalidDeclaration
-from celery_unique.paths import Path, Segment, Selection, parse_path
+from celery_unique.keys.canonical import canonical_digest
+from celery_unique.keys.paths import Path, Segment, Selection, parse_path
 
 
 class Payload:
     """Hash the whole payload, only some paths of it, or all but some paths.
 
-    ``only`` and ``exclude`` are lists of paths (see :mod:`celery_unique.paths`),
+    ``only`` and ``exclude`` are lists of paths (see :mod:`celery_unique.keys.paths`),
     parsed here so that a malformed path fails when the task is defined. With
     both, the payload is projected onto ``only`` and then the ``exclude`` paths
     are removed from that projection. ``prefix=False`` leaves the task name out

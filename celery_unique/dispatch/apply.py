@@ -1,103 +1,74 @@
 """The dispatch path: plan the keys, ask the store once, then publish or hand back.
 
 Everything that can fail on bad input (arguments, selectors, key rules,
-windows, job ids, payload encoding) runs in :func:`plan`, before the store
+windows, job ids, payload encoding) runs in
+:func:`~celery_unique.dispatch.planning.plan`, before the store
 or the broker is touched. The store decides in one round trip, overlapped
 with Celery building the message, or, when it shares a Redis server with the
-broker, carrying the message (:mod:`celery_unique.colocated`); the publish gate
-(:mod:`celery_unique.publishing`) lets the job out only if the answer is
+broker, carrying the message (:mod:`celery_unique.dispatch.colocated`); the publish gate
+(:mod:`celery_unique.dispatch.publishing`) lets the job out only if the answer is
 "created". A publish that fails after the store reserved a key rolls the
 reservation back; a reservation whose answer was lost is undone by the store
-(:mod:`celery_unique.cleanup`).
+(:mod:`celery_unique.stores.cleanup`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import os
-import secrets
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
 from celery.utils import uuid
 
-from celery_unique import cleanup, colocated, keyspace, resend, signals
-from celery_unique.arguments import ArgumentView, json_payload
+from celery_unique import signals
 from celery_unique.config import Runtime, runtime
-from celery_unique.declaration import (
-    DISPATCH_OPTIONS,
-    Declaration,
-    KeySpec,
-    parse_prefix,
-    parse_scope,
+from celery_unique.dispatch import colocated, resend
+from celery_unique.dispatch.gate import (
+    Gate,
+    NotPublished,
+    gate_for,
+    store_answered,
+    tolerate_outage,
 )
-from celery_unique.duplicates import (
-    DuplicatePolicy,
-    encode_arguments,
-    parse_policy,
-    planned_start,
-)
-from celery_unique.durations import parse_window
+from celery_unique.dispatch.headers import HEADER, KeyHeader
+from celery_unique.dispatch.planning import Plan, plan, waiting_ms
+from celery_unique.dispatch.publishing import install_gate, publish_deciding
 from celery_unique.exceptions import (
     BackendUnavailable,
     CallbacksNotAttached,
     CompositionConflict,
     GroupMemberReused,
-    InvalidSchedule,
-    InvalidWindow,
-    KeyMismatch,
     UniquenessConflict,
     UniquenessError,
     UnsupportedCombination,
 )
-from celery_unique.fingerprint import policy_digest, request_fingerprint
-from celery_unique.headers import HEADER, VERSION, KeyHeader, read_header
-from celery_unique.publishing import (
-    Gate,
-    NotPublished,
-    gate_for,
-    install_gate,
-    publish_deciding,
-    store_answered,
-    tolerate_outage,
+from celery_unique.options.declaration import (
+    DISPATCH_OPTIONS,
+    Declaration,
+)
+from celery_unique.options.duplicates import (
+    planned_start,
 )
 from celery_unique.receipt import Disposition, DuplicateMatch, UniqueResult, stamp
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import (
-    ActiveClaim,
     Claim,
     Decision,
     Effect,
     Hold,
-    OnDuplicate,
     Release,
     Scope,
     Verdict,
-    WindowClaim,
 )
 
 if TYPE_CHECKING:
     from celery import Celery, Task
 
 logger = logging.getLogger("celery_unique")
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Everything a dispatch asks of the store, computed before touching it."""
-
-    claim: Claim
-    header: KeyHeader
-    #: Keys as users read them, for messages and logs.
-    active_key: str | None
-    window_key: str | None
-    #: ``debounce``: the countdown the created job is published with.
-    countdown_s: float | None = None
 
 
 def take_dispatch_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -118,305 +89,13 @@ def as_sent(task: Task[Any, Any], args: Any, kwargs: Any, options: Mapping[str, 
     return dump(args, kwargs)
 
 
-def plan(
-    task: Task[Any, Any],
-    declaration: Declaration,
-    overrides: Mapping[str, Any],
-    args: Any,
-    kwargs: Any,
-    options: Mapping[str, Any],
-    *,
-    job_id: str,
-    id_chosen: bool = True,
-    link: Any = None,
-    link_error: Any = None,
-    rt: Runtime,
-) -> Plan | None:
-    """The claim and header for one dispatch, or ``None`` when it has no keys.
-
-    ``id_chosen``: the job id came with the dispatch (a caller's ``task_id``, a
-    frozen signature's), so another dispatch may share it; the claim then gets a
-    generation of its own. So does a claim that follows its duplicates (latest,
-    debounce): its id may come to hold the key as the run another job owes, and
-    undoing its own decision must not take that. Else an id made here needs none.
-    """
-    dispatch_key = KeySpec.parse(overrides.get("unique_key"), "unique_key")
-    dispatch_window_key = KeySpec.parse(overrides.get("unique_window_key"), "unique_window_key")
-    raw_window = overrides.get("unique_window")
-    dispatch_window = None if raw_window is None else parse_window(raw_window)
-    dispatch_scope = parse_scope(overrides["unique_while"]) if "unique_while" in overrides else None
-    prefix = (
-        parse_prefix(overrides["unique_prefix"])
-        if "unique_prefix" in overrides
-        else declaration.prefix
-    )
-    if prefix != declaration.prefix and declaration.declares_keys and not declaration.overridable:
-        raise KeyMismatch(
-            f"unique_prefix={prefix} given to {task.name} differs from the declared "
-            f"unique_prefix={declaration.prefix}"
-        )
-    if not (declaration.declares_keys or dispatch_key or dispatch_window_key):
-        return None
-
-    if options.get("chord"):
-        raise UnsupportedCombination(
-            f"{task.name} is unique and a chord header member: if it were deduplicated the "
-            "chord would wait for it forever. Deduplicate the chord as a whole instead."
-        )
-    keyspace.validate_job_id(job_id)
-    arguments = _bind(declaration, args, kwargs)
-    view = ArgumentView(arguments)
-    cached: list[dict[str, Any]] = []
-
-    def payload() -> dict[str, Any]:
-        if not cached:
-            cached.append(json_payload(arguments))
-        return cached[0]
-
-    # Spread keys: both keys of one dispatch must share a hash slot, so a task that
-    # declares a window key spreads its keys by task, any other task by key.
-    by_task = declaration.window_key is not None
-
-    def stored(kind: str, spec: KeySpec, option: str) -> tuple[str, str]:
-        key = spec.resolve(option, view, payload)
-        scope = "" if spec.unscoped or not prefix else task.name
-        tag = None
-        if rt.spread_keys and scope:
-            tag = keyspace.task_tag(scope) if by_task else keyspace.key_tag(scope, key)
-        return keyspace.storage_key(rt.namespace, kind, scope, key, tag=tag), keyspace.display_key(
-            scope, key
-        )
-
-    def choose(
-        declared: KeySpec | None, given: KeySpec | None, kind: str, option: str
-    ) -> tuple[str, str] | None:
-        if declared is None and given is None:
-            return None
-        if declared is None or given is None or declaration.overridable:
-            chosen = given or declared
-            assert chosen is not None
-            return stored(kind, chosen, option)
-        # A declared key always applies: a dispatch may only repeat it.
-        mine, theirs = stored(kind, declared, option), stored(kind, given, option)
-        if mine != theirs:
-            raise KeyMismatch(
-                f"{option} {theirs[1]!r} given to {task.name} differs from the declared "
-                f"key {mine[1]!r}; declare unique_overridable=True to allow replacing it"
-            )
-        return mine
-
-    active = choose(declaration.key, dispatch_key, keyspace.ACTIVE, "unique_key")
-    window = choose(
-        declaration.window_key, dispatch_window_key, keyspace.WINDOW, "unique_window_key"
-    )
-
-    if active and window and keyspace.hash_tag(active[0]) != keyspace.hash_tag(window[0]):
-        raise UnsupportedCombination(
-            f"{task.name} is given an active key and a window key that would sit in two "
-            "hash slots (unique_key_spread='key'): a task decides both kinds at once only "
-            "if it declares its unique_window_key, and either both keys are scoped to it "
-            "or neither is"
-        )
-
-    scope = declaration.scope
-    if dispatch_scope is not None:
-        if declaration.key is not None and not declaration.overridable and dispatch_scope != scope:
-            raise KeyMismatch(
-                f"unique_while={dispatch_scope.value!r} given to {task.name} differs from the "
-                f"declared {scope.value!r}"
-            )
-        scope = dispatch_scope
-    window_ms = _choose_window(task, declaration, dispatch_window, window is not None)
-    duplicates = _choose_duplicates(task, declaration, overrides)
-    duplicates.check_keys(
-        has_active_key=active is not None, has_window_key=window is not None, scope=scope
-    )
-
-    header: KeyHeader = {"v": VERSION}
-    active_claim = window_claim = None
-    countdown_s = None
-    wait_ms = _wait_ms(options)
-    if active is not None:
-        stored_arguments = None
-        if duplicates.follows:
-            stored_arguments = encode_arguments(
-                task,
-                args,
-                kwargs,
-                duplicates.latest_max_bytes,
-                storage_key=active[0],
-                signing_key=rt.signing_key,
-            )
-            header["p"], header["t"] = duplicates.on_duplicate.code, task.name
-        debounce = duplicates.debounce_ms
-        if debounce is not None and duplicates.on_duplicate is OnDuplicate.DEBOUNCE:
-            if not wait_ms and options.get("eta") is None:
-                countdown_s = debounce / 1000
-            # A job published with a longer countdown/eta cannot start sooner: the store
-            # plans its start (and every receipt names it) no earlier.
-            debounce = max(debounce, wait_ms)
-            # The lease covers the latest start a duplicate can move the job to.
-            wait_ms = max(wait_ms, duplicates.debounce_max_ms or debounce)
-        lease = None if rt.lease_ms is None else rt.lease_ms + wait_ms
-        active_claim = ActiveClaim(
-            key=active[0],
-            scope=scope,
-            lease_ms=lease,
-            on_duplicate=duplicates.on_duplicate,
-            arguments=stored_arguments,
-            debounce_ms=debounce,
-            debounce_max_ms=duplicates.debounce_max_ms,
-            generation=(
-                generation := next_generation() if id_chosen or duplicates.follows else None
-            ),
-        )
-        header["a"], header["s"] = active[0], scope.value
-        if generation is not None:
-            header["g"] = generation
-        if scope is Scope.EXISTS:
-            header["r"] = (
-                declaration.retention_ms
-                if declaration.retention_ms is not None
-                else rt.default_retention_ms
-            )
-    if window is not None:
-        assert window_ms is not None
-        header["w"] = window[0]
-        keys = {
-            "active": active[0] if active else None,
-            "scope": scope.value if active else None,
-            "window": window[0],
-            "window_ms": window_ms,
-        }
-        window_claim = WindowClaim(
-            key=window[0],
-            window_ms=window_ms,
-            fingerprint=request_fingerprint(
-                task_name=task.name,
-                payload=payload(),
-                options=options,
-                keys=keys,
-                headers=options.get("headers"),
-                link=link,
-                link_error=link_error,
-                chain=options.get("chain"),
-            ),
-            policy=policy_digest(task, options),
-        )
-    handoff = None
-    if active_claim is not None and scope is not Scope.QUEUED:
-        handoff = _running_holder(task, active_claim.key)
-    return Plan(
-        claim=Claim(
-            job_id=job_id,
-            task=task.name,
-            active=active_claim,
-            window=window_claim,
-            handoff_from=handoff,
-        ),
-        header=header,
-        active_key=active[1] if active else None,
-        window_key=window[1] if window else None,
-        countdown_s=countdown_s,
-    )
-
-
-def _choose_duplicates(
-    task: Task[Any, Any], declaration: Declaration, overrides: Mapping[str, Any]
-) -> DuplicatePolicy:
-    declared = declaration.duplicates
-    given = parse_policy(overrides, base=declared)
-    if given != declared and declaration.declares_keys and not declaration.overridable:
-        raise KeyMismatch(
-            f"unique_on_duplicate/unique_debounce given to {task.name} differ from the "
-            f"declared {declared.on_duplicate.value!r}; declare unique_overridable=True to "
-            "allow choosing them per dispatch"
-        )
-    return given
-
-
-def _bind(declaration: Declaration, args: Any, kwargs: Any) -> dict[str, Any]:
-    if declaration.binder is None:
-        return dict(kwargs or {})
-    return declaration.binder.bind(tuple(args or ()), dict(kwargs or {}))
-
-
-def _choose_window(
-    task: Task[Any, Any], declaration: Declaration, given: int | None, has_window_key: bool
-) -> int | None:
-    declared = declaration.window_ms
-    locked = declaration.window_key is not None and not declaration.overridable
-    if locked and declared is not None and given is not None and given != declared:
-        raise KeyMismatch(
-            f"unique_window of {given} ms given to {task.name} differs from the declared "
-            f"{declared} ms"
-        )
-    window = given if given is not None else declared
-    if has_window_key and window is None:
-        raise InvalidWindow("unique_window_key needs unique_window: a window has no default")
-    return window
-
-
-def _wait_ms(options: Mapping[str, Any]) -> int:
-    """How long the job waits before it may run (countdown/eta): its lease covers that.
-
-    :class:`InvalidSchedule` for a countdown or eta that names no time (checked
-    before anything is written: Celery would fail to build the message after).
-    """
-    countdown = options.get("countdown")
-    if countdown is not None:
-        return max(0, round(_seconds(countdown) * 1000))
-    eta = options.get("eta")
-    if eta is None:
-        return 0
-    if isinstance(eta, str):
-        try:
-            eta = datetime.fromisoformat(eta)
-        except ValueError:
-            raise InvalidSchedule(f"eta {eta!r} is not an ISO 8601 date and time") from None
-    if not isinstance(eta, datetime):
-        raise InvalidSchedule(f"eta must be a datetime, not {type(eta).__name__} {eta!r}")
-    now = datetime.now(eta.tzinfo or timezone.utc) if eta.tzinfo else datetime.now()
-    return max(0, round((eta - now).total_seconds() * 1000))
-
-
-def _seconds(countdown: object) -> float:
-    """A countdown as Celery can schedule it: a finite number of seconds."""
-    if isinstance(countdown, int | float) and not isinstance(countdown, bool):
-        try:
-            timedelta(seconds=countdown)  # what Celery adds to now
-        except (OverflowError, ValueError):
-            pass
-        else:
-            return float(countdown)
-    raise InvalidSchedule(
-        f"countdown must be a finite number of seconds Celery can add to now, not {countdown!r}"
-    )
-
-
-def _running_holder(task: Task[Any, Any], active_key: str) -> str | None:
-    """The running job that holds ``active_key``, when it dispatches its own successor.
-
-    Only a job of the same task hands its key on (a chain to itself, a job that
-    re-enqueues itself); any other dispatch meeting the key is a duplicate.
-    """
-    current = task.app.current_worker_task
-    if current is None or current.name != task.name:
-        return None
-    header = read_header(current.request)
-    if header is not None and header.get("a") == active_key:
-        job_id: str | None = current.request.id
-        return job_id
-    return None
-
-
 def unsubscribe(app: Celery, job_id: str) -> None:
     """Forget the result subscription Celery may have opened for ``job_id``, which was
     never published.
 
     Celery's Redis result backend subscribes to a job's result as it sends the
     message, before the message reaches the broker; when the store decides as the
-    message leaves (:mod:`celery_unique.colocated`), a job that is not published was
+    message leaves (:mod:`celery_unique.dispatch.colocated`), a job that is not published was
     subscribed to all the same, and would stay so for the life of the process.
     (Only a backend that subscribes per job keeps ``subscribed_to``; the ``rpc``
     backend's consumer serves every job at once and must be left alone.)
@@ -463,7 +142,7 @@ def _extend_lease(app: Celery, job_id: str, header: KeyHeader, options: Mapping[
     if not key or rt.lease_ms is None:
         return
     try:
-        rt.store.renew_many([Hold(job_id, key)], rt.lease_ms + _wait_ms(options))
+        rt.store.renew_many([Hold(job_id, key)], rt.lease_ms + waiting_ms(options))
     except Exception:
         logger.warning("could not extend the lease of %r for a retry", key, exc_info=True)
 
@@ -521,7 +200,7 @@ def reused(
 
     A dispatch that would have run eagerly (``eager``; by default, when the app
     has ``task_always_eager``) gets an ``EagerResult`` of the holder
-    (:mod:`celery_unique.eager`): no worker or result backend will ever fill
+    (:mod:`celery_unique.config.eager`): no worker or result backend will ever fill
     an ``AsyncResult`` there.
     """
     verdict = decision.verdict
@@ -593,30 +272,6 @@ def rollback(rt: Runtime, claim: Claim) -> None:
             exc_info=True,
         )
         cleanup.roll_back(rt.store, [claim])
-
-
-class _Generations:
-    """Tokens no other dispatch of a job id shares: a random prefix per process (drawn
-    again in a forked child), then a count. Cheaper than a uuid per dispatch."""
-
-    def __init__(self) -> None:
-        self.restart()
-        os.register_at_fork(after_in_child=self.restart)
-
-    def restart(self) -> None:
-        self.prefix = secrets.token_hex(6)
-        self.count = itertools.count()
-
-    def next(self) -> str:
-        return f"{self.prefix}{next(self.count):x}"
-
-
-_generations = _Generations()
-
-
-def next_generation() -> str:
-    """A new dispatch's generation (see :attr:`ActiveClaim.generation`)."""
-    return _generations.next()
 
 
 def release_now(

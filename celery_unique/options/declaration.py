@@ -13,10 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from celery_unique.arguments import ArgumentView, Binder
-from celery_unique.booleans import parse_bool
-from celery_unique.duplicates import DuplicatePolicy, parse_policy
-from celery_unique.durations import parse_duration_ms, parse_window
+from celery_unique.config.booleans import parse_bool
+from celery_unique.config.durations import parse_duration_ms, parse_window
 from celery_unique.exceptions import (
     InvalidDeclaration,
     InvalidKey,
@@ -25,8 +23,10 @@ from celery_unique.exceptions import (
     UniquenessRequired,
     UnsupportedCombination,
 )
-from celery_unique.keyspace import validate_key
-from celery_unique.payload import Payload
+from celery_unique.keys.arguments import ArgumentView, Binder
+from celery_unique.keys.keyspace import validate_key
+from celery_unique.keys.payload import Payload
+from celery_unique.options.duplicates import DuplicatePolicy, parse_policy
 from celery_unique.stores.base import Scope
 
 #: The per-dispatch options, as accepted by ``apply_async`` and ``signature.set``.
@@ -172,6 +172,13 @@ class Declaration:
             overridable=parse_bool(options.get("unique_overridable", False), "unique_overridable"),
             duplicates=duplicates,
         )
+
+
+def declared(task: object) -> Declaration | None:
+    """The declaration of a unique task (a ``UniqueMixin`` subclass), or ``None`` for any
+    other task: what the checks read, so that they need not import the task classes."""
+    declaration = getattr(type(task), "__unique__", None)
+    return declaration if isinstance(declaration, Declaration) else None
 
 
 def _binder(task_class: type) -> Binder | None:

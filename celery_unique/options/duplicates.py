@@ -15,7 +15,7 @@
 
 The store sees the arguments as an opaque string: the task's own serializer's
 bytes, base64-encoded (no separator a store uses can appear in it), signed for
-the key that keeps them (:mod:`celery_unique.signing`). The worker decodes them
+the key that keeps them (:mod:`celery_unique.stores.signing`). The worker decodes them
 only with the task's own serializer, and only when the signature holds.
 """
 
@@ -31,9 +31,9 @@ from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, loads
 from kombu.serialization import registry as serializers  # type: ignore[attr-defined]
 
-from celery_unique import signing
-from celery_unique.durations import parse_window
+from celery_unique.config.durations import parse_window
 from celery_unique.exceptions import InvalidDeclaration, InvalidPayload, InvalidWindow
+from celery_unique.stores import signing
 from celery_unique.stores.base import OnDuplicate, Scope
 
 if TYPE_CHECKING:

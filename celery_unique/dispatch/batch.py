@@ -7,7 +7,7 @@ written; a conflict fails the whole batch too unless ``continue_on_conflict``.
 
 Where the store and a Redis broker share a server, the batch is one round
 trip in all: every message is built first, and the script that decides the
-batch pushes the created jobs' messages (:mod:`celery_unique.colocated`).
+batch pushes the created jobs' messages (:mod:`celery_unique.dispatch.colocated`).
 Elsewhere the store decides the batch, then kombu publishes the created
 jobs' messages in one pipeline.
 """
@@ -24,14 +24,12 @@ from celery import Celery, Task
 from celery.canvas import Signature, maybe_signature
 from celery.utils import uuid
 
-from celery_unique import colocated, signals
+from celery_unique import signals
 from celery_unique.config import Runtime, runtime
-from celery_unique.declaration import DISPATCH_OPTIONS
-from celery_unique.dispatch import (
-    Plan,
+from celery_unique.dispatch import colocated
+from celery_unique.dispatch.apply import (
     as_sent,
     created_receipt,
-    plan,
     reused,
     rollback,
     take_dispatch_options,
@@ -39,14 +37,11 @@ from celery_unique.dispatch import (
     verdict_error,
     with_header,
 )
+from celery_unique.dispatch.gate import Gate, gated, store_answered, tolerate_outage
+from celery_unique.dispatch.planning import Plan, plan
+from celery_unique.dispatch.publishing import install_gate
 from celery_unique.exceptions import BackendUnavailable, UniquenessError, UnsupportedCombination
-from celery_unique.publishing import (
-    Gate,
-    gated,
-    install_gate,
-    store_answered,
-    tolerate_outage,
-)
+from celery_unique.options.declaration import DISPATCH_OPTIONS
 from celery_unique.receipt import UniqueResult, stamp
 from celery_unique.stores.base import Decision, Verdict
 
@@ -261,7 +256,7 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
 def _unsubscribe_unpublished(app: Any, items: Sequence[_Item], continue_on_conflict: bool) -> None:
     """Every message of a batch decided as it leaves was built by Celery's ``apply_async``,
     which subscribed to its job's result: a job the store did not enqueue is subscribed
-    to no more (see :func:`~celery_unique.dispatch.unsubscribe`)."""
+    to no more (see :func:`~celery_unique.dispatch.apply.unsubscribe`)."""
     decided = [item.decision for item in items if item.decision is not None]
     refused = not continue_on_conflict and any(d.verdict.failed for d in decided)
     for item in items:

@@ -13,7 +13,7 @@
 * any other call goes straight through, as do the calls Celery's own
   ``Task.apply_async`` makes;
 * any message of the app, Celery's own included, that would start a chord
-  whose body is unique is refused (:mod:`celery_unique.chords`).
+  whose body is unique is refused (:mod:`celery_unique.dispatch.chords`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 from celery import Celery, signals
 
-from celery_unique import chords
 from celery_unique.checks import at_dispatch
-from celery_unique.declaration import DISPATCH_OPTIONS
+from celery_unique.dispatch import chords
 from celery_unique.exceptions import UnsupportedCombination
+from celery_unique.options.declaration import DISPATCH_OPTIONS
 
 logger = logging.getLogger("celery_unique")
 
@@ -60,7 +60,7 @@ def guard(app: Celery) -> None:
         if not (given or declaration.declares_keys):
             return original(name, args, kwargs, **options)
         at_dispatch.check_first_dispatch(task)
-        from celery_unique.dispatch import apply_unique
+        from celery_unique.dispatch.apply import apply_unique
 
         def send(args: Any, kwargs: Any, **opts: Any) -> Any:
             return original(name, args, kwargs, **opts)

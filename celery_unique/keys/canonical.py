@@ -25,7 +25,7 @@ from itertools import chain
 from typing import Any
 
 from celery_unique.exceptions import InvalidPayload
-from celery_unique.paths import Segment, render_path
+from celery_unique.keys.paths import Segment, render_path
 
 #: Hashed ahead of every encoding, so a future algorithm cannot collide with this one.
 VERSION_TAG = b"cu1\n"

@@ -18,16 +18,15 @@ from urllib.parse import urlencode
 
 from celery import Celery
 
-from celery_unique import signing
-from celery_unique.booleans import parse_bool
-from celery_unique.durations import parse_duration_ms
-from celery_unique.eager import EagerRuns
+from celery_unique.config.booleans import parse_bool
+from celery_unique.config.durations import parse_duration_ms
+from celery_unique.config.eager import EagerRuns
+from celery_unique.config.recently_held import RecentlyHeld
 from celery_unique.exceptions import ImproperlyConfigured
-from celery_unique.keyspace import SPREADS, validate_namespace
-from celery_unique.masking import masked
-from celery_unique.recently_held import RecentlyHeld
-from celery_unique.stores import open_store
+from celery_unique.keys.keyspace import SPREADS, validate_namespace
+from celery_unique.stores import open_store, signing
 from celery_unique.stores.base import Store
+from celery_unique.stores.masking import masked
 
 logger = logging.getLogger("celery_unique")
 
@@ -64,7 +63,7 @@ class Runtime:
     outage: bool = False
     #: ``unique_colocated``: whether store and broker may share a script.
     colocated: bool = True
-    #: The server shared by store and broker (:mod:`celery_unique.colocated`);
+    #: The server shared by store and broker (:mod:`celery_unique.dispatch.colocated`);
     #: ``False`` until worked out.
     colocation: Any = False
     recently_held: RecentlyHeld = field(default_factory=RecentlyHeld)
@@ -82,7 +81,7 @@ class Runtime:
         return f"{type(self).__name__}({', '.join(shown)})"
 
     #: The HMAC key of the arguments ``latest``/``debounce`` keys keep
-    #: (:mod:`~celery_unique.signing`).
+    #: (:mod:`~celery_unique.stores.signing`).
     signing_key: bytes = field(default=b"", repr=False)
 
     @property
@@ -117,7 +116,7 @@ def setting(app: Celery, name: str) -> Any:
 
 
 def flag(app: Celery, name: str) -> bool:
-    """A boolean setting, parsed strictly (:func:`celery_unique.booleans.parse_bool`)."""
+    """A boolean setting, parsed strictly (:func:`celery_unique.config.booleans.parse_bool`)."""
     return parse_bool(setting(app, name), name)
 
 

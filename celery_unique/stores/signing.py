@@ -1,7 +1,7 @@
 """The signature on the arguments a ``latest``/``debounce`` key keeps in the store.
 
 A worker runs a job with the arguments its latest duplicate left in the store
-(:mod:`celery_unique.duplicates`). The store is not where jobs come from, the
+(:mod:`celery_unique.options.duplicates`). The store is not where jobs come from, the
 broker is: so the producer signs what it stores, an HMAC-SHA256 over the
 storage key and the encoded arguments, and the worker runs only arguments
 whose signature holds for the key it reads them from. Arguments moved from

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from celery_unique.declaration import DISPATCH_OPTIONS
 from celery_unique.exceptions import UnsupportedCombination
+from celery_unique.options.declaration import DISPATCH_OPTIONS
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -13,7 +13,7 @@ import logging
 from typing import Any, TypedDict
 
 from celery_unique.config import own_namespace
-from celery_unique.keyspace import namespace_prefixes
+from celery_unique.keys.keyspace import namespace_prefixes
 
 logger = logging.getLogger("celery_unique")
 

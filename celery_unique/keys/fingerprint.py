@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from celery_unique.arguments import json_payload
-from celery_unique.canonical import canonical_digest
+from celery_unique.keys.arguments import json_payload
+from celery_unique.keys.canonical import canonical_digest
 
 #: Version of what a fingerprint covers; part of the digest.
 FINGERPRINT_VERSION = 1

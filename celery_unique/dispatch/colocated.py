@@ -26,7 +26,7 @@ first, as on any other deployment:
   the message is built before the store has answered, so that signal would
   fire for a dispatch that then publishes nothing;
 * the dispatch's keys were not found held recently in this process
-  (:mod:`celery_unique.recently_held`): a duplicate asks first, and is
+  (:mod:`celery_unique.config.recently_held`): a duplicate asks first, and is
   answered before a message is built.
 
 ``dispatch_many`` goes further on such a server: every item's message is
@@ -58,9 +58,9 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from celery_unique.config import Runtime
-    from celery_unique.publishing import Gate
+    from celery_unique.dispatch.gate import Gate
 
-logger = logging.getLogger("celery_unique.colocated")
+logger = logging.getLogger("celery_unique.dispatch.colocated")
 
 #: How this package's own signal receivers are named (``dispatch_uid``): they may
 #: see a dispatch that then publishes nothing.
