@@ -364,6 +364,25 @@ def redis_celery_config(queue: str | None = None) -> dict[str, Any]:
     }
 
 
+#: How long a finished test file's owed store writes get to land before they are dropped.
+OWED_WRITES_LAND_S = 2.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _owed_writes_end_with_their_file() -> Iterator[None]:
+    """Store writes a test file left owed (to its private servers, proxies, apps) end with it.
+
+    Owed writes are per process: without this, the next file run by the same process
+    (under pytest-xdist, any file) would find them, and a test that waits until this
+    process owes nothing would wait on a store long gone.
+    """
+    yield
+    from celery_unique.stores import cleanup
+
+    if not cleanup.flush(OWED_WRITES_LAND_S):
+        cleanup.discard()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     """URL of the Redis test database (db 9), flushed once at session start."""

@@ -147,10 +147,11 @@ class Cleanup(threading.Thread):
         with self._condition:
             return len(self._owed) + self._in_flight
 
-    def discard(self, store: Store) -> int:
-        """Drop what is owed to ``store`` (not sent yet); return how many writes."""
+    def discard(self, store: Store | None) -> int:
+        """Drop what is owed to ``store`` (to any store: ``None``) and not sent yet; return
+        how many writes."""
         with self._condition:
-            kept = [item for item in self._owed if item.store is not store]
+            kept = [] if store is None else [item for item in self._owed if item.store is not store]
             dropped = len(self._owed) - len(kept)
             self._owed = kept
             self._condition.notify_all()
@@ -574,8 +575,9 @@ def roll_back(store: Store, claims: Sequence[Claim]) -> None:
     )
 
 
-def discard(store: Store) -> int:
-    """Forget the writes owed to ``store`` (a store being thrown away, in tests)."""
+def discard(store: Store | None = None) -> int:
+    """Forget the writes owed to ``store``, or to every store (stores being thrown away, in
+    tests)."""
     current = _cleanup
     return 0 if current is None else current.discard(store)
 

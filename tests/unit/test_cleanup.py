@@ -140,3 +140,23 @@ def test_a_write_no_longer_owed_leaves_the_backlog_unsent() -> None:
     sender.start()
     assert sender.flush(10)
     assert store.sent == [kept]
+
+
+def test_discarding_drops_what_is_owed_to_one_store_or_to_every_store() -> None:
+    """Writes owed to a store thrown away are forgotten: one store's, or (no store named)
+    all of them, as a test file ends with its stores."""
+    one, other = MemoryStore(), MemoryStore()
+    sender = cleanup.Cleanup()  # not started: nothing is sent, so the backlog stays
+
+    def owed(store: MemoryStore, n: int) -> cleanup.Owed:
+        release = Release(f"j{n}", f"k{n}", 0, None)
+        return cleanup.Owed(
+            store=store, what=f"release {n}", deadline=cleanup.deadline_after(60), release=release
+        )
+
+    sender.owe(owed(one, 1), owed(other, 2), owed(one, 3))
+    assert sender.discard(one) == 2
+    assert sender.pending() == 1
+    sender.owe(owed(one, 4))
+    assert sender.discard(None) == 2
+    assert sender.pending() == 0
