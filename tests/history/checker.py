@@ -191,6 +191,8 @@ class Job:
     failed_unrun: list[int] = field(default_factory=list)
     #: The job whose duplicates owed this one (published by a worker), if any.
     follow_of: str | None = None
+    #: Its dispatch failed to publish (and rolled its keys back), yet the message landed.
+    published_uncertainly: bool = False
 
     def unheld_for(self, lease_ns: int, before: int) -> bool:
         """Whether, before ``before``, no worker held the job for long enough that its
@@ -450,8 +452,12 @@ def _created_by_evidence(history: History, jobs: dict[str, Job]) -> None:
     was handed it, an operator released its key, or a worker got its message."""
     seen: dict[str, int] = {}
 
-    def saw(job_id: object, t: int) -> None:
-        if isinstance(job_id, str) and job_id in jobs and t < seen.get(job_id, t + 1):
+    def saw(job_id: object, t: int, *, by_its_worker: bool = False) -> None:
+        if not isinstance(job_id, str) or job_id not in jobs or t >= seen.get(job_id, t + 1):
+            return
+        # A failed publish that landed is a job only once a worker got it (what a store
+        # said of it before is its failed dispatch's to explain).
+        if by_its_worker or not jobs[job_id].published_uncertainly:
             seen[job_id] = t
 
     for dispatch in history.of("dispatch"):
@@ -462,9 +468,40 @@ def _created_by_evidence(history: History, jobs: dict[str, Job]) -> None:
         saw(event["job"], event["t1"])
     for kind in ("received", "start", "released"):
         for event in history.of(kind):
-            saw(event["job"], event["t"])
+            saw(event["job"], event["t"], by_its_worker=True)
     for job_id, t in seen.items():
         jobs[job_id].created = min(jobs[job_id].created, t)
+
+
+def _add_uncertain_publishes_that_ran(
+    history: History, jobs: dict[str, Job], failed: dict[str, list[dict[str, Any]]]
+) -> None:
+    """A publish cut by a broker restart may land although kombu raised: the dispatch
+    reported the failure and rolled its keys back, and a worker later got the message.
+    Its run takes the key (a worker marks the run of a job whose key is free) and holds
+    it as a created job does, from no later than the delivery that ran: a job from then
+    on, under every rule (it may be handed to duplicates, must end, must free its key).
+    Before then, a reuse of it is a phantom unless its rollback had yet to land."""
+    delivered: dict[str, int] = {}
+    ran = {event["job"] for event in history.of("start")}
+    for kind in ("received", "start"):
+        for event in history.of(kind):
+            job_id = event["job"]
+            if job_id in failed and job_id not in jobs and job_id in ran:
+                delivered[job_id] = min(delivered.get(job_id, event["t"]), event["t"])
+    for job_id, at in delivered.items():
+        item = failed[job_id][-1]
+        # Decided, as far as the key goes, when its run took it.
+        dispatch = {"proc": item["proc"], "t0": at, "t1": at, "items": [item]}
+        jobs[job_id] = Job(
+            job_id,
+            item.get("key"),
+            item.get("scope"),
+            at,
+            dispatch,
+            item,
+            published_uncertainly=True,
+        )
 
 
 def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[str, Any]]]]:
@@ -482,6 +519,7 @@ def build_jobs(history: History) -> tuple[dict[str, Job], dict[str, list[dict[st
     for created, dispatch, item in _created_with_lost_answers(history, failed):
         job_id = item["jid"]
         jobs[job_id] = Job(job_id, item.get("key"), item.get("scope"), created, dispatch, item)
+    _add_uncertain_publishes_that_ran(history, jobs, failed)
     asked_for = _told_a_run_is_owed(history)
 
     def held_as(job_id: str, depth: int = 0) -> tuple[str | None, str | None]:
@@ -617,9 +655,7 @@ def check(history: History) -> Report:
         ),
         "lease lapses": len(lapses),
         "messages lost by the Redis transport": len(lost),
-        "uncertain publishes that ran": len(
-            {e["job"] for e in history.of("start")} & set(failed) - set(jobs)
-        ),
+        "uncertain publishes that ran": sum(job.published_uncertainly for job in jobs.values()),
         "jobs created though their answer was lost": len(
             _created_with_lost_answers(history, failed)
         ),
@@ -717,6 +753,8 @@ def _phantoms(
             name = item["job"]
             job = jobs.get(name)
             t0 = dispatch["t0"]
+            if job is not None and job.published_uncertainly and dispatch["t1"] < job.created:
+                job = None  # not a job yet: only its failed dispatch's pending undo explains it
             if job is None:
                 if _undone_later(failed.get(name, ()), settled, t0):
                     continue
@@ -975,7 +1013,14 @@ def _windows(
             window = int(item["window_ms"] * 1e6)
             may_have_ended = t1 >= earliest + window - WINDOW_SLACK_NS
             has_ended = t0 > latest + window + WINDOW_SLACK_NS
-            gives_way = holder is None or holder not in jobs or may_have_ended
+            # A failed publish that landed took back its active key as it ran, never
+            # its window key: that went with the rollback.
+            gives_way = (
+                holder is None
+                or holder not in jobs
+                or jobs[holder].published_uncertainly
+                or may_have_ended
+            )
             if job == holder:
                 if item["out"] == "created":
                     earliest = min(earliest, t0)

@@ -704,3 +704,50 @@ def test_i2_an_owed_run_holds_its_key_in_the_scope_at_the_head_of_its_chain() ->
     # Were the key the duplicates' scope (active), the reuse at 3.0 s would be a phantom.
     events[0] = dispatch(1.0, follows("J1", "n1", scope="active"))
     assert violations(history(*events)).get("I2") == 1
+
+
+def test_a_job_whose_failed_publish_landed_holds_its_key_from_its_delivery() -> None:
+    """A publish cut by a broker restart raised, and its keys were rolled back, but the
+    message landed: the worker that got it took the free key and ran it. From its
+    delivery it is a job like any (reuses may name it; an exists key keeps it after
+    its end); before that, once the rollback landed, a reuse naming it is a phantom."""
+    cut = {**failed("U1", scope="exists", maybe_applied=False), "code": "publish_failed"}
+    landed = [
+        dispatch(1.0, cut),
+        {"e": "settled", "proc": "p0", "t": int(1.1 * S)},
+        {"e": "received", "job": "U1", "t": int(2.0 * S)},
+        *run("U1", 2.1, 2.2),
+        released("U1", 2.21),
+        dispatch(2.15, reused("U1"), proc="p1"),
+        dispatch(3.0, reused("U1"), proc="p1"),
+    ]
+    assert violations(history(*landed)) == {}
+    assert check(history(*landed)).counts["uncertain publishes that ran"] == 1
+    too_early = [*landed, dispatch(1.5, reused("U1"), proc="p2")]
+    assert violations(history(*too_early)) == {"I2": 1}
+    never_ran = [event for event in landed if event.get("job") != "U1" or event["e"] == "dispatch"]
+    assert violations(history(*never_ran)) == {"I2": 2}
+
+
+def test_a_failed_publish_that_landed_leaves_its_window_to_the_next_request() -> None:
+    """Its rollback freed its window key, which its run does not take back: the next
+    dispatch of the window creates a job, and no window holds two jobs."""
+    cut = {
+        **failed("U1", maybe_applied=False),
+        "code": "publish_failed",
+        "wkey": "w",
+        "req": "r1",
+        "window_ms": 60_000,
+    }
+    events = [
+        dispatch(1.0, cut),
+        dispatch(1.05, window("U1", "reused", "r1"), proc="p1"),
+        {"e": "settled", "proc": "p0", "t": int(1.1 * S)},
+        dispatch(1.5, window("J2", "created", "r1"), proc="p1"),
+        *run("J2", 1.6, 1.7, pid=2),
+        released("J2", 1.71),
+        {"e": "received", "job": "U1", "t": int(2.0 * S)},
+        *run("U1", 2.1, 2.2),
+        released("U1", 2.21),
+    ]
+    assert violations(history(*events)) == {}
