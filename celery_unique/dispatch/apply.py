@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import celery
 from celery.result import AsyncResult
 from celery.utils import uuid
 
@@ -115,6 +119,22 @@ def _replaces_another_task(task: Task[Any, Any], task_id: str | None) -> bool:
         and current.name != task.name
         and not current.request.is_eager
     )
+
+
+#: Where celery-unique and Celery live: a warning about a dispatch points past them.
+_LIBRARIES = tuple(
+    str(directory) + os.sep
+    for directory in (Path(__file__).resolve().parents[1], Path(celery.__file__).resolve().parent)
+)
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside celery-unique and Celery: the line that
+    dispatched, whether through ``apply_async``, ``delay``, a signature or a group."""
+    level, frame = 2, sys._getframe(2)  # 1: the function that warns; 2: its caller
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_LIBRARIES):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _carries(header: KeyHeader, planned: KeyHeader) -> bool:
@@ -222,7 +242,7 @@ def reused(
             f"{task.name}: dispatch reused job {decision.job_id} (active key {matched_key!r}); "
             "its link/link_error/chain callbacks are not attached to that job and will not run",
             CallbacksNotAttached,
-            stacklevel=5,
+            stacklevel=_callers_level(),
         )
     if group_member:
         warnings.warn(
@@ -230,7 +250,7 @@ def reused(
             "holds the member's own id, which will never run: wait on the job ids this "
             "dispatch returns, not on the GroupResult",
             GroupMemberReused,
-            stacklevel=5,
+            stacklevel=_callers_level(),
         )
     effect = decision.effect
     return stamp(
