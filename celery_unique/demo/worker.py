@@ -41,12 +41,8 @@ def counting_publishes(demo: Demo) -> Iterator[None]:
     def record(headers: dict[str, Any] | None = None, **_: Any) -> None:
         demo.published.append(str((headers or {}).get("id")))
 
-    uid = f"celery_unique.demo.publish.{id(demo)}"
-    signals.before_task_publish.connect(record, weak=False, dispatch_uid=uid)
-    try:
+    with _connected(signals.before_task_publish, record, f"celery_unique.demo.publish.{id(demo)}"):
         yield
-    finally:
-        signals.before_task_publish.disconnect(dispatch_uid=uid)
 
 
 @contextmanager
@@ -68,12 +64,18 @@ def logging_left_alone() -> Iterator[None]:
     def leave(**_: Any) -> None:
         return None
 
-    uid = "celery_unique.demo.logging"
-    signals.setup_logging.connect(leave, weak=False, dispatch_uid=uid)
+    with _connected(signals.setup_logging, leave, "celery_unique.demo.logging"):
+        yield
+
+
+@contextmanager
+def _connected(signal: Any, receiver: Any, uid: str) -> Iterator[None]:
+    """``receiver`` connected to ``signal`` for the length of the block."""
+    signal.connect(receiver, weak=False, dispatch_uid=uid)
     try:
         yield
     finally:
-        signals.setup_logging.disconnect(dispatch_uid=uid)
+        signal.disconnect(dispatch_uid=uid)
 
 
 @contextmanager
