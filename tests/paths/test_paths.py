@@ -375,7 +375,8 @@ class Observed:
         released = self.released_at
         if released is None:
             return "never released"
-        if released - self.dispatched >= (LEASE_S - 1) * 1e9:
+        lapsed = released - self.dispatched >= (LEASE_S - 1) * 1e9
+        if lapsed and not self._just_after_a_run(released):
             return "lease"
         if not self.starts:
             return "dropped"
@@ -390,6 +391,17 @@ class Observed:
         if last is None or released < last:
             return "early"
         return "late" if self._held_past(last) else "end"
+
+    def _just_after_a_run(self, moment: int) -> bool:
+        """Whether a run started or ended (or was cut) at most :data:`PROMPT_S` before
+        ``moment``: a release then is that run's, however long after the dispatch it
+        came (Celery 5.3 may deliver a re-sent message many seconds late on a busy
+        machine, the key renewed all the while). A lease frees a key nobody runs."""
+        events = [record["end"] for record in self.ends]
+        events += [record["start"] for record in self.starts]
+        if self.cut_at is not None:
+            events.append(self.cut_at)
+        return any(0 <= moment - event <= PROMPT_S * 1e9 for event in events)
 
     def _held_past(self, moment: int) -> bool:
         """Whether the key was seen held, unfinished, :data:`PROMPT_S` or more after ``moment``."""
@@ -834,3 +846,27 @@ def test_the_docs_list_the_paths_that_go_otherwise_on_older_celery() -> None:
     otherwise on an older Celery supported: how, since which release, and why
     (``UPDATE_PATH_MATRIX=1`` rewrites the list)."""
     compare_older_with_docs(render_older())
+
+
+def test_a_release_just_after_a_late_run_is_the_runs_and_not_the_leases() -> None:
+    """The classification itself: a key freed 0.3 s after a second run that came 19 s
+    after the dispatch (renewed meanwhile) was freed at the end; one freed 15 s after
+    the dispatch with no run near it was freed by the lease."""
+    s = 1_000_000_000
+
+    def seen(starts: list[float], ends: list[float], released: float) -> Observed:
+        job = "job"
+        samples = [(int(t * s), job, False) for t in (0.5, 5.0, 10.0, released - 0.1)]
+        return Observed(
+            path=PATHS[0],
+            scope="active",
+            job_id=job,
+            dispatched=0,
+            samples=[*samples, (int(released * s), None, False)],
+            starts=[{"run": n, "start": int(t * s)} for n, t in enumerate(starts, 1)],
+            ends=[{"run": n, "end": int(t * s)} for n, t in enumerate(ends, 1)],
+        )
+
+    assert seen([7.5, 19.6], [7.6, 19.9], released=20.2).kind() == "end"
+    assert seen([1.0], [1.2], released=15.1).kind() == "lease"
+    assert seen([], [], released=15.1).kind() == "lease"
