@@ -6,7 +6,8 @@ here installs the project with other versions into a virtualenv of its own
 and runs the tests that tell whether it works there: unit, store contract, a
 real prefork worker whose pool child is killed, and the one-script path's
 messages compared byte for byte with the cell's kombu; Django cells add the
-Django store contract, migrations, checks and store.
+Django store contract, migrations, checks and store; the path cell plays the
+path matrix (tests/paths) on the oldest Celery, on a real prefork worker.
 ``scripts/matrix`` runs every cell, the longest first, and prints a table.
 
 Interpreters are the ones already on the machine (pyenv's), never
@@ -47,6 +48,15 @@ DJANGO_TESTS = [
     "tests/django/test_migrations.py",
     "tests/django/test_checks.py",
     "tests/django/test_django_store.py",
+]
+#: What a path cell runs: the path matrix on Redis and a real prefork worker, every path
+#: (with each scope, and with a window key) as the cell's Celery goes, and the docs' list
+#: of the paths that go otherwise on older Celery.
+PATH_TESTS = [
+    "tests/paths/test_paths.py::test_every_path_holds_its_key_exactly_while_its_job_can_run"
+    "[redis-prefork]",
+    "tests/paths/test_paths.py::test_every_path_keeps_a_window_key_naming_its_job[redis]",
+    "tests/paths/test_paths.py::test_the_docs_list_the_paths_that_go_otherwise_on_older_celery",
 ]
 #: Tests that do not apply to any cell, and why: deselected there, and said so.
 NOT_IN_CELLS = (
@@ -120,6 +130,13 @@ MATRIX = (
         ("celery==5.3.*", "kombu==5.3.*"),
         not_applying=BEFORE_CELERY_5_7,
         why="oldest Celery claimed, oldest Python",
+    ),
+    Cell(
+        "paths-celery-5.3",
+        "3.10",
+        ("celery==5.3.*", "kombu==5.3.*"),
+        tests=tuple(PATH_TESTS),
+        why="the worker's side (fates, leases, re-sends) builds on Celery's request internals",
     ),
     Cell("celery-5.4", "3.11", ("celery==5.4.*", "kombu==5.4.*"), not_applying=BEFORE_CELERY_5_7),
     Cell("celery-5.5", "3.12", ("celery==5.5.*", "kombu==5.5.*"), not_applying=BEFORE_CELERY_5_7),
@@ -239,8 +256,10 @@ def render_matrix() -> str:
     ]
     for cell in MATRIX:
         pins = ", ".join(f"`{pin}`" for pin in cell.pins) or f"`--resolution {cell.resolution}`"
-        tests = {tuple(TESTS): "core", tuple(DJANGO_TESTS): "Django app"}.get(
-            cell.tests, "core + Django app"
-        )
+        tests = {
+            tuple(TESTS): "core",
+            tuple(DJANGO_TESTS): "Django app",
+            tuple(PATH_TESTS): "path matrix (Redis, prefork)",
+        }.get(cell.tests, "core + Django app")
         rows.append(f"| `{cell.name}` | {cell.python} | {pins} | {tests} | {cell.why} |")
     return "\n".join(rows) + "\n"
