@@ -30,6 +30,8 @@ SCOPES = ["queued", "active", "exists"]
 RETENTION_S = 30
 #: Long enough to look at the key between a retried attempt and the next one.
 RETRY_IN_S = 3.0
+#: How long the first job waits in the queue: long enough for a duplicate to meet its key.
+QUEUED_FOR_S = 2.0
 
 
 def define_hold(app: Celery, scope: str, redis_url: str, **options: Any) -> Any:
@@ -99,7 +101,9 @@ def test_success_releases_at_the_scope_point(
     celery_worker.reload()
     key = active_key(hold.name, "tag:t1")
 
-    first = hold.delay("t1")
+    # Due a moment later: a queued key is freed as its job starts, and the worker must
+    # not start the job before the duplicate below has met the key.
+    first = hold.apply_async(("t1",), countdown=QUEUED_FOR_S)
     assert first.disposition is Disposition.CREATED
     duplicate = hold.delay(tag="t1")
     assert (duplicate.disposition, duplicate.duplicate_match, duplicate.id) == (
