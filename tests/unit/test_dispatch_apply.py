@@ -29,8 +29,7 @@ from celery_unique.exceptions import (
 )
 from celery_unique.signals import uniqueness_conflict
 from celery_unique.stores.base import Claim, Decision, Effect, Hold, Release, Verdict
-
-CREATED = Decision(Verdict.CREATED, "job")
+from tests.unit.fakes import CREATED, AnsweringStore, FakeRuntime
 
 # What Celery sends
 
@@ -106,31 +105,6 @@ def test_a_replacement_without_an_active_key_carries_the_jobs_keys_only() -> Non
 # A retry's lease
 
 
-@dataclass
-class RenewingStore:
-    renewed: list[tuple[list[Hold], int]] = field(default_factory=list)
-    error: Exception | None = None
-    answers: list[Decision] = field(default_factory=lambda: [CREATED])
-
-    def renew_many(self, holds: list[Hold], lease_ms: int) -> None:
-        if self.error is not None:
-            raise self.error
-        self.renewed.append((holds, lease_ms))
-
-    def decide(self, claims: list[Claim]) -> list[Decision]:
-        if self.error is not None:
-            raise self.error
-        return self.answers
-
-
-@dataclass
-class FakeRuntime:
-    store: RenewingStore = field(default_factory=RenewingStore)
-    lease_ms: int | None = 60_000
-    fail_open: bool = False
-    outage: bool = False
-
-
 @pytest.fixture
 def rt(monkeypatch: pytest.MonkeyPatch) -> FakeRuntime:
     fake = FakeRuntime()
@@ -166,16 +140,16 @@ def test_a_lease_that_cannot_be_extended_is_logged_not_raised(
 
 def test_a_dispatch_takes_its_own_decision_of_the_stores_list() -> None:
     other = Decision(Verdict.REUSED_ACTIVE, "other")
-    fake = FakeRuntime(RenewingStore(answers=[CREATED, other]))
+    fake = FakeRuntime(AnsweringStore(answers=[CREATED, other]))
     assert apply.decide_one(fake, Claim("job", "task")) is CREATED  # type: ignore[arg-type]
 
 
 def test_an_outage_fails_a_dispatch_unless_fail_open() -> None:
-    closed = FakeRuntime(RenewingStore(error=BackendUnavailable("down")))
+    closed = FakeRuntime(AnsweringStore(error=BackendUnavailable("down")))
     with pytest.raises(BackendUnavailable):
         apply.decide_one(closed, Claim("job", "task"))  # type: ignore[arg-type]
     assert closed.outage is False
-    opened = FakeRuntime(RenewingStore(error=BackendUnavailable("down")), fail_open=True)
+    opened = FakeRuntime(AnsweringStore(error=BackendUnavailable("down")), fail_open=True)
     assert apply.decide_one(opened, Claim("job", "task")) is None  # type: ignore[arg-type]
     assert opened.outage is True
     opened.store.error = None

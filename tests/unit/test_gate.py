@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -26,31 +25,9 @@ from celery_unique.dispatch.gate import (
 )
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores.base import Claim, DecidedAlready, Decision, Verdict
+from tests.unit.fakes import CREATED, AnsweringStore, FakeRuntime
 
-CREATED = Decision(Verdict.CREATED, "job")
 REUSED = Decision(Verdict.REUSED_ACTIVE, "holder")
-
-
-@dataclass
-class FakeStore:
-    """Answers ``decide`` with ``answers`` (or raises ``error``), counting the calls."""
-
-    answers: list[Decision] = field(default_factory=lambda: [CREATED])
-    error: BaseException | None = None
-    asked: int = 0
-
-    def decide(self, claims: list[Claim]) -> list[Decision]:
-        self.asked += 1
-        if self.error is not None:
-            raise self.error
-        return self.answers
-
-
-@dataclass
-class FakeRuntime:
-    store: FakeStore = field(default_factory=FakeStore)
-    fail_open: bool = False
-    outage: bool = False
 
 
 def counting(answer: Decision | BaseException) -> tuple[Callable[[], Decision], list[int]]:
@@ -122,7 +99,7 @@ def test_the_answer_is_this_claims_own() -> None:
     mine, other = CREATED, Decision(Verdict.CREATED, "other")
     waiting = Gate("job", FakeRuntime(), None, DecidedAlready([mine, other]))  # type: ignore[arg-type]
     assert waiting.let_out() is mine
-    rt = FakeRuntime(FakeStore(answers=[mine, other]))
+    rt = FakeRuntime(AnsweringStore(answers=[mine, other]))
     asking = asked_gate(rt)
     assert asking.let_out() is mine
     assert rt.store.asked == 1
