@@ -540,12 +540,17 @@ def _describe(hold: Release) -> str:
     return f"{what} of job {hold.job_id} on key {hold.key!r}"
 
 
+def _first_jobs(claims: Sequence[Claim]) -> str:
+    """The first three claims' job ids, for a log line."""
+    return ", ".join(claim.job_id for claim in claims[:3]) + (", ..." if len(claims) > 3 else "")
+
+
 def undo_decision(store: Store, claims: Sequence[Claim], error: Exception) -> None:
     """Undo what a decision whose answer was lost may have written, as soon as possible."""
     from celery_unique.exceptions import BackendUnavailable
 
     assert isinstance(error, BackendUnavailable)
-    jobs = ", ".join(claim.job_id for claim in claims[:3]) + (", ..." if len(claims) > 3 else "")
+    jobs = _first_jobs(claims)
     _thread().owe(
         Owed(
             store=store,
@@ -564,7 +569,7 @@ def roll_back(store: Store, claims: Sequence[Claim]) -> None:
         store.rollback_many(claims)
         return True
 
-    jobs = ", ".join(claim.job_id for claim in claims[:3]) + (", ..." if len(claims) > 3 else "")
+    jobs = _first_jobs(claims)
     _thread().owe(
         Owed(
             store=store,
