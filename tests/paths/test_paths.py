@@ -356,10 +356,7 @@ class Observed:
 
         No earlier than the start of its last run: a run seen starting whose end
         the watch did not wait for must still find the key held."""
-        events = [record["end"] for record in self.ends]
-        events += [record["start"] for record in self.starts]
-        if self.cut_at is not None and self.path.drive in ("kill", "terminate"):
-            events.append(self.cut_at)
+        events = self._run_events()
         ended = {record["run"] for record in self.ends}
         limit = self.path.cut_after_s
         if limit is not None:
@@ -393,15 +390,19 @@ class Observed:
         return "late" if self._held_past(last) else "end"
 
     def _just_after_a_run(self, moment: int) -> bool:
-        """Whether a run started or ended (or was cut) at most :data:`PROMPT_S` before
+        """Whether a run started or ended (or was killed) at most :data:`PROMPT_S` before
         ``moment``: a release then is that run's, however long after the dispatch it
         came (Celery 5.3 may deliver a re-sent message many seconds late on a busy
         machine, the key renewed all the while). A lease frees a key nobody runs."""
+        return any(0 <= moment - event <= PROMPT_S * 1e9 for event in self._run_events())
+
+    def _run_events(self) -> list[int]:
+        """When the job's runs started and ended, and when the test cut one short."""
         events = [record["end"] for record in self.ends]
         events += [record["start"] for record in self.starts]
-        if self.cut_at is not None:
+        if self.cut_at is not None and self.path.drive in ("kill", "terminate"):
             events.append(self.cut_at)
-        return any(0 <= moment - event <= PROMPT_S * 1e9 for event in events)
+        return events
 
     def _held_past(self, moment: int) -> bool:
         """Whether the key was seen held, unfinished, :data:`PROMPT_S` or more after ``moment``."""
