@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 from celery.utils import uuid
 from kombu import Exchange, Queue
 
@@ -139,3 +139,43 @@ def test_a_batch_decided_as_its_messages_leave_keeps_only_published_subscription
             ]
         )
     eventually(lambda: subscribers(broker, refused) == 0, what="no refused job subscribed")
+
+
+def test_a_dispatch_under_the_id_of_the_job_it_meets_keeps_that_jobs_subscription(
+    app: Celery, broker: Any
+) -> None:
+    """A caller's retry under the holder's own id is handed that job: the result this
+    process waits for is still the holder's, and stays subscribed."""
+    job, _ = define(app)
+    holder = job.apply_async(("mine",))
+    again = job.apply_async(("mine",), task_id=holder.id)
+    assert (again.disposition, again.id) == (Disposition.REUSED, holder.id)
+    consumer = app.backend.result_consumer
+    assert consumer._get_key_for_task(holder.id) in consumer.subscribed_to
+    eventually(lambda: subscribers(broker, [holder.id]) == 1, what="the holder subscribed")
+
+
+def test_a_created_job_whose_publish_failed_leaves_no_subscription(
+    app: Celery, broker: Any
+) -> None:
+    """Celery subscribes to a job's result just before its message leaves: a publish that
+    fails there leaves a job that will never run, and nothing to wait for."""
+    job, _ = define(app)
+    failing = uuid()
+
+    def fail(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if (headers or {}).get("id") == failing:
+            raise KeyboardInterrupt
+
+    signals.before_task_publish.connect(fail, weak=False)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            job.apply_async(("failing",), task_id=failing)
+    finally:
+        signals.before_task_publish.disconnect(fail)
+    consumer = app.backend.result_consumer
+    assert consumer._get_key_for_task(failing) not in consumer.subscribed_to
+    created = job.apply_async(("failing",))
+    assert created.disposition is Disposition.CREATED, "its key was freed"
+    eventually(lambda: subscribers(broker, [created.id]) == 1, what="the next job subscribed")
+    assert subscribers(broker, [failing]) == 0

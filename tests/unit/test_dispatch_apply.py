@@ -8,8 +8,10 @@ runtime and the store: each rule reads only what they give.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
@@ -17,9 +19,12 @@ from typing import Any
 
 import pytest
 from celery import Celery, group
+from celery._state import _task_stack
 
 from celery_unique import DuplicateMatch, UniqueTask
-from celery_unique.dispatch import apply
+from celery_unique.config import runtime
+from celery_unique.dispatch import apply, resend
+from celery_unique.dispatch.headers import HEADER
 from celery_unique.exceptions import (
     BackendUnavailable,
     CallbacksNotAttached,
@@ -80,6 +85,7 @@ def test_a_replacement_is_another_task_sent_under_the_running_job_id() -> None:
         (task_in("task-b", "task-a"), "job-2"),  # another id, sorting after
         (task_in("task-a", "task-a"), "job-1"),  # the same task: a retry, not a replacement
         (task_in("task-b", "task-b"), "job-1"),  # the same name sorting after another's
+        (task_in("".join(["task-", "a"]), "task-a"), "job-1"),  # names compare by value
         (task_in("task-b", "task-a", eager=True), "job-1"),  # an eager run replaces nothing
     ],
 )
@@ -133,6 +139,7 @@ def test_a_lease_that_cannot_be_extended_is_logged_not_raised(
     assert [r.getMessage() for r in caplog.records] == [
         "could not extend the lease of 'ns:a:k' for a retry"
     ]
+    assert caplog.records[0].exc_info, "the store's error is logged with it"
 
 
 # The store's one decision
@@ -247,7 +254,7 @@ def test_a_release_the_store_did_not_take_is_owed_within_the_lease(
 
 
 def test_a_failed_rollback_is_owed_and_never_masks_the_publish_error(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     owed: list[list[Claim]] = []
     monkeypatch.setattr(apply.cleanup, "roll_back", lambda store, claims: owed.append(claims))
@@ -258,8 +265,12 @@ def test_a_failed_rollback_is_owed_and_never_masks_the_publish_error(
             raise BackendUnavailable("down")
 
     claim = Claim("job", "task")
-    apply.rollback(FakeRuntime(Refusing()), claim)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="celery_unique"):
+        apply.rollback(FakeRuntime(Refusing()), claim)  # type: ignore[arg-type]
     assert owed == [[claim]]
+    [logged] = caplog.records
+    assert logged.getMessage().startswith("could not roll back the keys of job job")
+    assert logged.exc_info, "the store's error is logged with it"
 
 
 # Verdicts and receipts
@@ -383,3 +394,253 @@ def test_a_reused_group_member_is_blamed_on_the_callers_dispatch(unique_task: An
     with pytest.warns(GroupMemberReused) as caught:
         group(unique_task.si(), unique_task.si()).apply_async()
     assert {warning.filename for warning in caught} == {__file__}
+
+
+def test_a_header_read_from_a_message_releases_by_its_scope() -> None:
+    """A worker's header is decoded from the message: its scope is equal to, never the same
+    object as, the library's own."""
+    for scope, on_start, on_end in (
+        ("queued", Release("job", "k", 0), Release("job", "k", 0)),
+        ("active", None, Release("job", "k", 0)),
+        ("exists", None, Release("job", "k", 60_000)),
+    ):
+        header = json.loads(json.dumps({"a": "k", "s": scope, "r": 60_000}))
+        assert apply.release_at("job", header, finished=False) == on_start, scope
+        assert apply.release_at("job", header, finished=True) == on_end, scope
+
+
+@pytest.mark.parametrize("scope", ["zzz", "later-scope", None])
+def test_a_scope_this_version_does_not_know_holds_the_key_until_its_job_ends(
+    scope: str | None,
+) -> None:
+    """A newer producer's scope (or none) is read as ``active``: the key is neither freed
+    as the job starts nor kept after it."""
+    header = {"a": "k", "s": scope, "r": 60_000}
+    assert apply.release_at("job", header, finished=False) is None  # type: ignore[arg-type]
+    assert apply.release_at("job", header, finished=True) == Release("job", "k", 0)  # type: ignore[arg-type]
+
+
+def test_an_exists_key_kept_for_good_is_signalled_as_kept(
+    emitted: list[tuple[str, str, Any, bool]],
+) -> None:
+    """With ``result_expires`` off, an ``exists`` key has no retention: it is kept for good."""
+    fake = FakeRuntime(ReleasingStore())  # type: ignore[arg-type]
+    apply.release_now(None, fake, "job", {"a": "k", "s": "exists"}, finished=True)  # type: ignore[arg-type]
+    assert fake.store.released == [Release("job", "k", None)]
+    assert emitted == [("job", "k", apply.signals.ReleaseReason.FINISHED, True)]
+
+
+# A job sent again under its own id: a retry, a lost child's retry, a replacement
+
+
+@pytest.fixture
+def keyed(app: Celery) -> Any:
+    @app.task(base=UniqueTask, name="apply.keyed", unique_key="k", shared=False)
+    def keyed() -> None:
+        pass
+
+    return keyed
+
+
+def holders(app: Celery) -> dict[str, tuple[str, int | None]]:
+    """Each held key of the app's store: its job and how long until it expires."""
+    return {held.key: (held.job_id, held.expires_in_ms) for held in runtime(app).store.scan()}
+
+
+LEASE_MS = 3_600_000  # the default unique_lease
+
+
+def test_a_job_sent_again_is_published_with_its_header_and_a_lease_for_its_countdown(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    first = keyed.apply_async()
+    [key] = holders(app)
+    header = published[0][HEADER]
+    with resend.resending(first.id, header):
+        again = keyed.apply_async(task_id=first.id, countdown=600)
+    assert again.id == first.id
+    assert [sent["id"] for sent in published] == [first.id, first.id], "never its own duplicate"
+    assert published[1][HEADER] == header
+    holder, expires_in_ms = holders(app)[key]
+    assert holder == first.id
+    assert expires_in_ms is not None
+    assert expires_in_ms > LEASE_MS, "the countdown is covered"
+
+
+def test_a_job_sent_again_where_a_worker_renews_its_lease_asks_for_no_longer_one(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    first = keyed.apply_async()
+    with resend.resending(first.id, published[0][HEADER]), resend.lease_covers_it():
+        keyed.apply_async(task_id=first.id, countdown=600)
+    [(holder, expires_in_ms)] = holders(app).values()
+    assert len(published) == 2
+    assert (holder, expires_in_ms is not None and expires_in_ms <= LEASE_MS) == (first.id, True)
+
+
+def test_a_job_without_a_header_sent_again_is_published_as_it_was(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    """A job published before its task was unique holds no key: sent again, it holds none."""
+    with resend.resending("old-job", None):
+        again = keyed.apply_async(task_id="old-job", countdown=600)
+    assert again.id == "old-job"
+    assert [(sent["id"], HEADER in sent) for sent in published] == [("old-job", False)]
+    assert holders(app) == {}
+
+
+@contextmanager
+def running(task: Any, job_id: str, header: dict[str, Any] | None) -> Iterator[None]:
+    """``task`` runs job ``job_id`` in a worker, its message carrying ``header``."""
+    request: dict[str, Any] = {"id": job_id, "is_eager": False, "called_directly": False}
+    if header is not None:
+        request[HEADER] = header
+    task.push_request(**request)
+    _task_stack.push(task)
+    try:
+        yield
+    finally:
+        _task_stack.pop()
+        task.pop_request()
+
+
+@pytest.fixture
+def replacing(app: Celery) -> Any:
+    @app.task(base=UniqueTask, name="apply.replaced", unique_key="r", shared=False)
+    def replaced() -> None:
+        pass
+
+    return replaced
+
+
+def test_a_replacement_with_its_own_key_is_decided_under_the_jobs_id_and_carries_both(
+    app: Celery, keyed: Any, replacing: Any, published: list[dict[str, Any]]
+) -> None:
+    job = replacing.apply_async()
+    job_header = published[0][HEADER]
+    with running(replacing, job.id, job_header):
+        replacement = keyed.apply_async(task_id=job.id)
+    assert replacement.id == job.id
+    assert {holder for holder, _ in holders(app).values()} == {job.id}
+    assert len(holders(app)) == 2, "the job's key and the replacement's own"
+    sent = published[1][HEADER]
+    assert (sent["a"], sent["x"]["a"]) == (job_header["a"], holders_key(app, "k"))
+
+
+def holders_key(app: Celery, key: str) -> str:
+    # A task's keys are named after it, a separator, then the key itself.
+    [stored] = [held for held in holders(app) if held.endswith(f"\x1f{key}")]
+    return stored
+
+
+def test_a_replacement_whose_key_the_job_holds_is_sent_with_the_jobs_header(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    @app.task(base=UniqueTask, name="apply.same_key", unique_key="k", unique_prefix=False)
+    def same_key() -> None:
+        pass
+
+    @app.task(base=UniqueTask, name="apply.other_same_key", unique_key="k", unique_prefix=False)
+    def keyed_shared() -> None:
+        pass
+
+    job = same_key.apply_async()
+    job_header = published[0][HEADER]
+    with running(same_key, job.id, job_header):
+        replacement = keyed_shared.apply_async(task_id=job.id)
+    assert replacement.id == job.id
+    assert published[1][HEADER] == job_header, "carried on, not asked for again"
+    assert [holder for holder, _ in holders(app).values()] == [job.id]
+
+
+def test_a_replacement_of_a_job_without_keys_is_decided_as_a_job_of_its_own(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    @app.task(name="apply.plain", shared=False)
+    def plain() -> None:
+        pass
+
+    with running(plain, "plain-job", None):
+        replacement = keyed.apply_async(task_id="plain-job")
+    assert replacement.id == "plain-job"
+    assert [holder for holder, _ in holders(app).values()] == ["plain-job"]
+    assert published[0][HEADER]["a"] == holders_key(app, "k")
+    assert "x" not in published[0][HEADER]
+
+
+def test_a_replacement_of_a_job_with_a_window_key_only_holds_its_own_key_as_its_own(
+    app: Celery, keyed: Any, published: list[dict[str, Any]]
+) -> None:
+    @app.task(
+        base=UniqueTask,
+        name="apply.windowed",
+        unique_window_key="w",
+        unique_window=60,
+        shared=False,
+    )
+    def windowed() -> None:
+        pass
+
+    job = windowed.apply_async()
+    job_header = published[0][HEADER]
+    assert "a" not in job_header
+    with running(windowed, job.id, job_header):
+        keyed.apply_async(task_id=job.id)
+    sent = published[1][HEADER]
+    assert "x" not in sent, "no active key of the job's to carry beside its own"
+    assert sent["a"] == holders_key(app, "k")
+
+
+def test_a_duplicate_dropping_only_an_error_callback_is_warned_about(
+    keyed: Any,
+) -> None:
+    keyed.apply_async()
+    with pytest.warns(CallbacksNotAttached):
+        keyed.apply_async(link_error=keyed.si())
+
+
+def test_a_duplicate_of_a_key_found_held_is_refused_before_its_message_is_routed(
+    app: Celery, keyed: Any
+) -> None:
+    """The store is asked while Celery routes and builds the message; a key this process
+    found held is most likely held still, and its answer is read first."""
+    routed: list[str] = []
+
+    def route(name: str, *args: Any, **kwargs: Any) -> None:
+        routed.append(name)
+
+    app.conf.task_routes = (route,)
+    first = keyed.apply_async()
+    assert len(routed) == 1
+    assert keyed.apply_async().id == first.id
+    assert len(routed) == 2, "the first duplicate is routed while the store answers"
+    assert keyed.apply_async().id == first.id
+    assert len(routed) == 2, "a key found held is asked about before routing"
+
+
+@pytest.mark.parametrize(("scope", "held_while_running"), [("queued", False), ("active", True)])
+def test_a_job_run_here_holds_its_key_while_it_runs_as_its_scope_says(
+    app: Celery, scope: str, held_while_running: bool
+) -> None:
+    seen: list[bool] = []
+
+    @app.task(base=UniqueTask, name=f"apply.here.{scope}", unique_key="k", unique_while=scope)
+    def here() -> None:
+        seen.append(bool(holders(app)))
+
+    here.apply()
+    assert seen == [held_while_running]
+    assert holders(app) == {}, "freed as it ended"
+
+
+class Untouchable:
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the store was used: {name}")
+
+
+def test_a_job_run_here_without_a_decision_releases_nothing() -> None:
+    """Run without a decision (fail-open), a job holds no key to release."""
+    noted: list[Any] = []
+    fake = SimpleNamespace(store=Untouchable(), eager_runs=SimpleNamespace(note=noted.append))
+    assert apply.run_eagerly(None, fake, "job", None, lambda: "ran") == "ran"  # type: ignore[arg-type]
+    assert noted == ["ran"]
