@@ -630,8 +630,11 @@ def released() -> Iterator[list[dict[str, Any]]]:
     [
         (Scope.ACTIVE, {}, ReleaseReason.FINISHED, False),
         (Scope.EXISTS, {"r": 30_000}, ReleaseReason.FINISHED, True),
+        # result_expires off: the exists key has no retention and is kept for good.
+        (Scope.EXISTS, {"r": None}, ReleaseReason.FINISHED, True),
         (Scope.QUEUED, {}, ReleaseReason.STARTED, False),
     ],
+    ids=["active", "exists", "exists-for-good", "queued"],
 )
 def test_a_release_says_why_and_whether_the_key_stays_for_its_retention(
     app: Celery,
@@ -1057,3 +1060,45 @@ def test_a_copy_waits_for_every_undecided_run_of_its_job_and_none_is_kept_after(
     assert cleanup.flush(5)
     assert [name for name, _ in owed][:2] == ["release", "release"]  # the second's, the copy's
     assert job not in fates._undecided
+
+
+def test_a_delivery_requeued_before_it_ran_owes_its_key_nothing(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker took the message back before the pool started it: no run of it marked
+    the key, so there is no run's end to write."""
+    store, job, key, header = created(app, "requeued-unrun")
+    owed = owed_writes(monkeypatch)
+    fate = Fate(app, job, header, Message("REQUEUED"), run=uuid.uuid4().hex)
+    fate.message_settled(Settled.REQUEUED)
+    assert owed == []
+    assert store.get(key) is not None, "the job is still queued"
+
+
+def test_the_key_a_replacement_holds_of_its_own_waits_for_the_acknowledgement_too(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like the job's key, the replacement's own key goes once kombu confirmed the
+    acknowledgement: the broker may deliver the message again until then."""
+    monkeypatch.setattr(fates, "ACK_WAIT_S", 60.0)
+    store, job, key, header = created(app, "replaced-job")
+    own_key = storage_key(runtime(app).namespace, ACTIVE, "", "replaced-own")
+    own = Claim(job, "fates.task", ActiveClaim(own_key, Scope.ACTIVE, 60_000))
+    assert store.decide([own])[0].verdict is Verdict.CREATED
+    message = Message("RECEIVED")
+    fate = Fate(app, job, {**header, "x": {"a": own_key, "s": "active"}}, message, "r1")
+    fate.started()
+    fate.run_ended(pid=None, cut_short=False, continued=False)
+    fate.message_settled(Settled.FORGOTTEN)  # Celery asked for the ack: not confirmed yet
+    assert not cleanup.flush(0.5), "both releases wait for the confirmation"
+    assert (store.get(key) is not None, store.get(own_key) is not None) == (True, True)
+    message._state = "ACK"
+    assert cleanup.flush(5)
+    assert (store.get(key), store.get(own_key)) == (None, None)
+
+
+def test_a_request_class_copying_a_followed_on_success_is_not_followed_twice() -> None:
+    class Copying(_Request):
+        on_success = _Request.on_success
+
+    assert Copying.on_success is _Request.on_success
