@@ -212,7 +212,7 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
     with app.producer_or_acquire() as producer:
         db = colocated.broker_db(producer.channel, rt)
         if db is None:
-            return False
+            return False  # a channel the script cannot push to: asked first
         positions = {id(item): n for n, item in enumerate(planned, 1)}
         try:
             for item in items:
@@ -223,7 +223,7 @@ def _decide_with_messages(items: Sequence[_Item], continue_on_conflict: bool) ->
         except colocated.Uncapturable:
             # Asked first instead; the messages built so far subscribed to their jobs,
             # which only those published keep.
-            for item in items:
+            for item in items:  # the item kombu refused subscribed too; later ones did not
                 unsubscribe(app, item.job_id)
             return False
         try:
