@@ -23,7 +23,6 @@ import pytest
 import redis
 from celery import signals
 from kombu import Exchange, Producer, Queue
-from kombu.common import Broadcast
 
 from celery_unique import (
     BackendUnavailable,
@@ -380,11 +379,11 @@ def test_the_path_is_taken_only_where_it_is_exact(
     redis_server: Callable[..., RedisServer],
 ) -> None:
     """Off by setting, beside a foreign before_task_publish receiver, for a queue kombu
-    expires, a fanout exchange, and a connection to another server (another
-    redis-server on the same host): asked first."""
+    expires, and a connection to another server (another redis-server on the same host):
+    asked first. (A fanout exchange: tests/faults/test_colocated_routing.py.)"""
     broker = broker_of(services)
     expiring = "expiring"
-    changes = {"task_queues": [Queue(expiring, expires=600.0), Broadcast("everyone")]}
+    changes = {"task_queues": [Queue(expiring, expires=600.0)]}
 
     def spec_with(**settings: Any) -> Spec:
         return make_spec(
@@ -414,13 +413,6 @@ def test_the_path_is_taken_only_where_it_is_exact(
         warm(task)
         creates_in(task, None, "on")
         creates_in(task, "LPUSH", "x-expires", queue=expiring)
-        task.apply_async(unique_key="fanout-declare", queue="everyone")
-        created, commands = sent_by(
-            proxy, lambda: task.apply_async(unique_key="fanout", queue="everyone")
-        )
-        assert created.disposition is Disposition.CREATED
-        asked = commands.index("EVALSHA")
-        assert not {"LPUSH", "PUBLISH"} & set(commands[:asked]), "published before the decision"
         seen: list[str] = []
 
         def foreign(sender: Any = None, headers: Any = None, **_: Any) -> None:
