@@ -30,7 +30,9 @@ def test_every_module_and_test_file_exists(config: dict[str, Any]) -> None:
         assert (ROOT / module).is_file(), module
         assert spec["tests"], module
         for test in spec["tests"]:
-            assert (ROOT / test).is_file(), test
+            path, _, function = test.partition("::")
+            assert (ROOT / path).is_file(), test
+            assert not function or f"def {function}(" in (ROOT / path).read_text(), test
         args = spec.get("args", [])
         assert isinstance(args, list), module
         assert all(isinstance(arg, str) for arg in args), module
