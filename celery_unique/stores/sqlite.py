@@ -13,6 +13,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -143,6 +144,27 @@ def _create_private(path: Path) -> None:
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 
 
+#: The stores of this process with a connection open.
+_open: weakref.WeakSet[SQLiteStore] = weakref.WeakSet()
+
+
+def _close_before_fork() -> None:
+    """Close every connection of this process before it forks (each reopens at its next use).
+
+    SQLite keeps what a process knows of a file's locks in process memory, which a
+    fork copies: a connection the child opens takes the parent's locks for its own
+    and never asks the system for them. The parent, closing later, then finds no
+    other user of the file, checkpoints it and deletes its write-ahead log while
+    the child still writes there: what the child wrote after that is lost. A Celery
+    worker forks its pool children with its own connection open.
+    """
+    for store in list(_open):
+        store.close()
+
+
+os.register_at_fork(before=_close_before_fork)
+
+
 class SQLiteStore(_records.RecordStore):
     """Keys in a SQLite database file (``sqlite:///relative.db``, ``sqlite:////abs/path.db``)."""
 
@@ -190,6 +212,7 @@ class SQLiteStore(_records.RecordStore):
             except (sqlite3.Error, OSError) as exc:
                 raise BackendUnavailable(f"cannot open SQLite store {self.path}: {exc}") from exc
             self._conn, self._pid = conn, os.getpid()
+            _open.add(self)
         return self._conn
 
     def _use_wal(self, conn: sqlite3.Connection) -> None:

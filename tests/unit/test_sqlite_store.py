@@ -6,9 +6,11 @@ as another process would be."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -366,3 +368,33 @@ def test_an_error_is_told_busy_by_its_primary_sqlite_code(code: int, busy: bool)
     error = sqlite3.OperationalError("some failure")
     error.sqlite_errorcode = code  # type: ignore[attr-defined]  # Python 3.11+, not in the stubs
     assert sqlite_store._busy(error) is busy
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a process forked, as a prefork pool's")
+def test_what_a_forked_child_writes_outlives_the_parents_connection(
+    store: SQLiteStore, path: Path
+) -> None:
+    """A Celery worker forks its pool children with its own connection open, and both
+    write. The parent closing first must not take the child's writes with it."""
+    assert store.decide([active("parent", A)])[0].verdict is Verdict.CREATED
+    to_child, from_child = os.pipe(), os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # a fork of a threaded process
+        pid = os.fork()
+    if pid == 0:  # the child: no pytest here, only an exit code
+        code = 1
+        try:
+            first = store.decide([active("child-1", B)])[0].verdict
+            os.write(from_child[1], b"1")
+            os.read(to_child[0], 1)  # the parent has closed its connection
+            second = store.decide([active("child-2", C)])[0].verdict
+            store.close()
+            code = 0 if first is second is Verdict.CREATED else 2
+        finally:
+            os._exit(code)
+    assert os.read(from_child[0], 1) == b"1"
+    store.close()
+    os.write(to_child[1], b"1")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child's decisions"
+    assert keys_in_file(path) == [A, B, C]
