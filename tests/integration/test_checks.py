@@ -577,3 +577,19 @@ def test_the_fleet_check_finds_workers_without_the_plugin(
         for worker in workers:
             worker.stop()
             worker.close()
+
+
+def test_an_apps_entry_in_the_namespace_registry_counts_for_a_week(
+    make_app: Callable[..., Celery], redis_url: str
+) -> None:
+    """Each check renews the app's entry: an app unchecked for a week no longer counts."""
+    app = make_app()
+    keyed(app)
+    assert ids(app) == []
+    client = redis.Redis.from_url(redis_url)
+    try:
+        left_ms = client.pttl(f"unique:apps:{{{app.conf.unique_namespace}}}")
+    finally:
+        client.close()
+    week_ms = 7 * 24 * 3600 * 1000
+    assert week_ms - 60_000 < left_ms <= week_ms
