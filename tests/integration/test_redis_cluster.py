@@ -22,9 +22,7 @@ from celery_unique import (
 )
 from celery_unique import config as unique_config
 from celery_unique.keys import keyspace
-from celery_unique.stores.base import (
-    Store,
-)
+from celery_unique.stores.base import Store, Verdict
 from celery_unique.stores.redis import RedisStore
 from celery_unique.testing import held_keys
 from tests.conftest import in_ci
@@ -176,3 +174,17 @@ def test_a_window_key_given_to_a_task_spread_by_key_is_refused_before_any_write(
         sync.apply_async((1,), unique_window_key="req-1", unique_window=60)
     assert refused.value.code == "unsupported_combination"
     assert held_keys(spread_app) == []
+
+
+def test_an_all_or_nothing_batch_refused_in_its_one_slot_leaves_earlier_holds_alone(
+    store: Store,
+) -> None:
+    """The one script wrote nothing: the claims after its conflict, answered as created,
+    are not rolled back (a rollback would end a hold the same job took before)."""
+    store.decide([contract.windowed("w1", fp="fp1")])
+    assert store.decide([contract.active("j1")])[0].verdict is Verdict.CREATED
+    refused = store.decide([contract.windowed("w2", fp="fp2"), contract.active("j1")])
+    assert refused[0].verdict is Verdict.CONFLICT
+    held = store.get(contract.A)
+    assert held is not None
+    assert held.job_id == "j1"
