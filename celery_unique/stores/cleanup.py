@@ -86,13 +86,18 @@ class Owed:
     started: float = field(default_factory=time.monotonic)
 
 
+#: Where the processes' states are read, where the system has it (Linux).
+PROC = Path("/proc")
+
+
 def _exited(pid: int) -> bool:
     """Whether process ``pid`` is gone (a zombie waiting to be reaped counts as gone)."""
-    stat = Path(f"/proc/{pid}/stat")
     try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
-        return True
+        # No such process, unless there is no /proc at all (macOS): then ask the system.
+        if (PROC / "self").exists():
+            return True
     except (OSError, IndexError):
         pass
     try:
