@@ -536,11 +536,19 @@ def holders_key(app: Celery, key: str) -> str:
 def test_a_replacement_whose_key_the_job_holds_is_sent_with_the_jobs_header(
     app: Celery, keyed: Any, published: list[dict[str, Any]]
 ) -> None:
-    @app.task(base=UniqueTask, name="apply.same_key", unique_key="k", unique_prefix=False)
+    @app.task(
+        base=UniqueTask, name="apply.same_key", unique_key="k", unique_prefix=False, shared=False
+    )
     def same_key() -> None:
         pass
 
-    @app.task(base=UniqueTask, name="apply.other_same_key", unique_key="k", unique_prefix=False)
+    @app.task(
+        base=UniqueTask,
+        name="apply.other_same_key",
+        unique_key="k",
+        unique_prefix=False,
+        shared=False,
+    )
     def keyed_shared() -> None:
         pass
 
@@ -624,7 +632,13 @@ def test_a_job_run_here_holds_its_key_while_it_runs_as_its_scope_says(
 ) -> None:
     seen: list[bool] = []
 
-    @app.task(base=UniqueTask, name=f"apply.here.{scope}", unique_key="k", unique_while=scope)
+    @app.task(
+        base=UniqueTask,
+        name=f"apply.here.{scope}",
+        unique_key="k",
+        unique_while=scope,
+        shared=False,
+    )
     def here() -> None:
         seen.append(bool(holders(app)))
 

@@ -91,15 +91,23 @@ def tracked(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 
 @pytest.fixture
 def renewers() -> Iterator[None]:
-    """Every renewer a test starts is stopped, and its thread ended, by the shutdown."""
+    """Every renewer a test starts is stopped, and its thread ended, by the shutdown. (The
+    renewers of workers an earlier test of this process ran are not the test's.)"""
+    _earlier.clear()
+    _earlier.update(t for t in threading.enumerate() if t.name == RENEWER)
     yield
     leases._on_worker_shutdown()
     for thread in renewer_threads():
         thread.join(5)
 
 
+_earlier: set[threading.Thread] = set()
+
+
 def renewer_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == RENEWER and t.is_alive()]
+    return [
+        t for t in threading.enumerate() if t.name == RENEWER and t.is_alive() and t not in _earlier
+    ]
 
 
 # Which requests hold keys
