@@ -184,6 +184,20 @@ def test_an_outage_is_logged_once_when_it_begins_and_once_when_it_ends(
     ]
 
 
+def test_the_next_outage_is_logged_again(
+    sender: cleanup.Cleanup, short_backoff: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RecordingStore(failures=1)
+    with caplog.at_level(logging.WARNING, logger=LOG):
+        sender.owe(_owed(store, Release("j1", "k1")))
+        assert sender.flush(5)
+        store.failures = 1
+        sender.owe(_owed(store, Release("j2", "k2")))
+        assert sender.flush(5)
+    assert len(_warnings(caplog, "not answering;")) == 2
+    assert len(_warnings(caplog, "answering again")) == 2
+
+
 # When a write goes
 
 
