@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -276,20 +277,25 @@ def test_a_pending_decision_reads_its_reply_once(store: RedisStore) -> None:
     assert store.decide([claim("pending", "job-q")])[0].job_id == "job-p"
 
 
-@pytest.fixture
-def limited_url(redis_url: str) -> Iterator[str]:
-    """The test database's URL as a user who may run every command but CONFIG and CLIENT."""
+@contextmanager
+def acl_user_url(redis_url: str, *rules: str) -> Iterator[str]:
+    """The test database's URL as a new user with ``rules`` (as ``ACL SETUSER`` takes
+    them), deleted after."""
     admin = redis.Redis.from_url(redis_url)
     name, password = f"calls-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    admin.execute_command(
-        "ACL", "SETUSER", name, "reset", "on", f">{password}", "~*", "+@all", "-config", "-client"
-    )
+    admin.execute_command("ACL", "SETUSER", name, "reset", "on", f">{password}", *rules)
     try:
-        host = redis_url.split("://", 1)[1]
-        yield f"redis://{name}:{password}@{host}"
+        yield f"redis://{name}:{password}@{redis_url.split('://', 1)[1]}"
     finally:
         admin.execute_command("ACL", "DELUSER", name)
         admin.close()
+
+
+@pytest.fixture
+def limited_url(redis_url: str) -> Iterator[str]:
+    """The test database's URL as a user who may run every command but CONFIG and CLIENT."""
+    with acl_user_url(redis_url, "~*", "+@all", "-config", "-client") as url:
+        yield url
 
 
 def test_an_eviction_policy_the_server_will_not_tell_is_unknown(limited_url: str) -> None:
@@ -442,16 +448,8 @@ def test_an_interrupted_scan_drops_the_stores_idle_connections(
 @pytest.fixture
 def keyless_url(redis_url: str) -> Iterator[str]:
     """The test database's URL as a user who may run every command on no key of the store."""
-    admin = redis.Redis.from_url(redis_url)
-    name, password = f"calls-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    admin.execute_command(
-        "ACL", "SETUSER", name, "reset", "on", f">{password}", "~other:*", "+@all"
-    )
-    try:
-        yield f"redis://{name}:{password}@{redis_url.split('://', 1)[1]}"
-    finally:
-        admin.execute_command("ACL", "DELUSER", name)
-        admin.close()
+    with acl_user_url(redis_url, "~other:*", "+@all") as url:
+        yield url
 
 
 def test_a_decision_refused_before_its_script_ran_owes_no_undo(keyless_url: str) -> None:

@@ -27,6 +27,19 @@ from tests.unit.conftest import queued_job_ids
 
 
 @pytest.fixture
+def order(app: Celery) -> Any:
+    """A task with a one-minute window keyed by a request id, its amount in the fingerprint."""
+
+    @app.task(
+        shared=False, base=UniqueTask, unique_window_key=lambda job: job.rid, unique_window=60
+    )
+    def order(rid: str, amount: int) -> None:
+        return None
+
+    return order
+
+
+@pytest.fixture
 def job(app: Celery) -> Any:
     """A task keyed by its argument, with a one-hour window keyed by a request id."""
 
@@ -63,15 +76,8 @@ def test_invalid_item_fails_the_batch_before_anything_is_written(
     assert published == []
 
 
-def test_conflict_fails_the_whole_batch(app: Celery, published: list[Any]) -> None:
+def test_conflict_fails_the_whole_batch(app: Celery, order: Any, published: list[Any]) -> None:
     """A window conflict in one item means no item is written or published."""
-
-    @app.task(
-        shared=False, base=UniqueTask, unique_window_key=lambda job: job.rid, unique_window=60
-    )
-    def order(rid: str, amount: int) -> None:
-        return None
-
     first = order.delay("r1", 10)
     published.clear()
     with pytest.raises(UniquenessConflict) as caught:
@@ -233,16 +239,10 @@ def test_a_batch_across_stores_fails_open_only_for_the_store_that_is_down(
 
 
 def test_a_conflict_after_a_plain_item_still_fails_the_batch(
-    app: Celery, published: list[Any]
+    app: Celery, order: Any, published: list[Any]
 ) -> None:
     @app.task(shared=False)
     def plain(x: int) -> None:
-        return None
-
-    @app.task(
-        shared=False, base=UniqueTask, unique_window_key=lambda job: job.rid, unique_window=60
-    )
-    def order(rid: str, amount: int) -> None:
         return None
 
     order.delay("r1", 10)
@@ -254,14 +254,8 @@ def test_a_conflict_after_a_plain_item_still_fails_the_batch(
 
 
 def test_items_after_a_conflict_are_published_when_told_to_go_on(
-    app: Celery, job: Any, published: list[Any]
+    app: Celery, job: Any, order: Any, published: list[Any]
 ) -> None:
-    @app.task(
-        shared=False, base=UniqueTask, unique_window_key=lambda job: job.rid, unique_window=60
-    )
-    def order(rid: str, amount: int) -> None:
-        return None
-
     order.delay("r1", 10)
     published.clear()
     results = dispatch_many(
