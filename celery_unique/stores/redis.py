@@ -824,12 +824,13 @@ def sentinel(url: str, options: dict[str, Any]) -> Any:
         tls["ssl"] = True
     elif tls:
         _refuse(url, f"has TLS options ({', '.join(sorted(tls))}) but is not rediss+sentinel://")
+    timeouts = {name: options[name] for name in ("socket_timeout", "socket_connect_timeout")}
     watcher = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         sentinels,
-        socket_timeout=options["socket_timeout"],
-        socket_connect_timeout=options["socket_connect_timeout"],
-        # The sentinels' own connections carry their password: over TLS as well.
-        sentinel_kwargs={**sentinel_auth, **tls} or None,
+        **timeouts,
+        # The sentinels' own connections carry their password: over TLS as well. Named
+        # in full: redis-py gives them the timeouts only when it is given no such options.
+        sentinel_kwargs={**timeouts, **sentinel_auth, **tls},
     )
     return watcher.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         master,

@@ -322,6 +322,8 @@ def test_a_sentinel_url_names_its_sentinels_master_database_and_credentials() ->
     ] == [("h1", 26380), ("::1", 26379)]
     sentinel_kwargs = manager.sentinels[0].connection_pool.connection_kwargs
     assert (sentinel_kwargs["username"], sentinel_kwargs["password"]) == ("su", "sp")
+    # The sentinels' own credentials leave their timeouts the store's (and the URL's).
+    assert (sentinel_kwargs["socket_timeout"], sentinel_kwargs["socket_connect_timeout"]) == (2, 5)
     assert pool.service_name == "main/a"
     kwargs = pool.connection_kwargs
     assert kwargs["db"] == 4
@@ -353,6 +355,10 @@ def test_a_rediss_sentinel_url_speaks_tls_to_the_sentinels_and_the_master() -> N
     sentinel = pool.sentinel_manager.sentinels[0].connection_pool
     assert issubclass(sentinel.connection_class, redis.SSLConnection)
     assert sentinel.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
+    assert (
+        sentinel.connection_kwargs["socket_timeout"],
+        sentinel.connection_kwargs["socket_connect_timeout"],
+    ) == (10, 5)
     assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
     assert pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
     assert issubclass(pool.connection_class, redis.SSLConnection)
