@@ -7,6 +7,7 @@ from typing import Any
 from celery_unique.checks.catalogue import Finding, finding, isolated
 from celery_unique.config import configured_backend_url, setting
 from celery_unique.config.durations import parse_duration_ms
+from celery_unique.config.redelivery import visibility_timeout_s
 from celery_unique.exceptions import UniquenessError
 from celery_unique.options.declaration import declared
 from celery_unique.stores import STORES, scheme_of
@@ -14,10 +15,6 @@ from celery_unique.stores.base import Scope
 from celery_unique.stores.masking import masked
 from celery_unique.stores.signing import configured_secret
 
-#: Transports that deliver an unacknowledged message again after ``visibility_timeout``.
-_VISIBILITY_TRANSPORTS = ("redis", "rediss", "sentinel", "sqs")
-#: Celery's ``visibility_timeout`` when ``broker_transport_options`` does not set one.
-DEFAULT_VISIBILITY_TIMEOUT_S = 3600.0
 #: AMQP transports: without publisher confirms, a publish returns once it is written.
 _AMQP_TRANSPORTS = ("amqp", "amqps", "pyamqp")
 
@@ -140,14 +137,12 @@ def _duration_ms(app: Any, name: str, value: object) -> int | None:
 
 def _lease_shorter(app: Any) -> list[Finding]:
     """W021: the key of a job whose worker was lost lapses before the broker delivers it again."""
-    broker = app.conf.broker_url or ""
-    if not isinstance(broker, str) or scheme_of(broker).split("+")[0] not in _VISIBILITY_TRANSPORTS:
+    timeout_s = visibility_timeout_s(app)
+    if timeout_s is None:
         return []
     lease_ms = _duration_ms(app, "unique_lease", setting(app, "unique_lease"))
     if not lease_ms:
         return []  # No lease: keys are never freed by time.
-    options = app.conf.broker_transport_options or {}
-    timeout_s = float(options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT_S))
     if lease_ms >= timeout_s * 1000:
         return []
     return [

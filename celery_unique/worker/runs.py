@@ -48,6 +48,7 @@ while the first run goes on, and a new job could run beside it.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -57,6 +58,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery.exceptions import Ignore
 
 from celery_unique.config import runtime
+from celery_unique.config.redelivery import visibility_timeout_s
 from celery_unique.dispatch import resend
 from celery_unique.dispatch.headers import KeyHeader, own_header, read_header
 from celery_unique.exceptions import BackendUnavailable
@@ -188,20 +190,19 @@ def _start_waiting(
 def postpone(task: Any, wait_ms: int) -> Deferred:
     """The job ``task`` was received before its planned start (``debounce``): send it again
     for then; the exception that ends this delivery."""
-    _send_again(task, wait_ms / 1000)
+    due_s = _send_again(task, wait_ms / 1000)
     logger.info(
         "job %s is sent again, due in %.3f s: a duplicate moved its start later",
         task.request.id,
-        wait_ms / 1000,
+        due_s,
     )
-    return Deferred(f"postponed by a duplicate; sent again, due in {wait_ms} ms")
+    return Deferred(f"postponed by a duplicate; sent again, due in {due_s:.3f} s")
 
 
 def wait_for_run(task: Any, busy_ms: int) -> Deferred:
     """Another delivery of the job ``task`` runs, vouched alive ``busy_ms`` longer: send
     this copy again for then; the exception that ends this delivery."""
-    wait_s = busy_ms / 1000 + BUSY_SLACK_S
-    _send_again(task, wait_s)
+    wait_s = _send_again(task, busy_ms / 1000 + BUSY_SLACK_S)
     logger.warning(
         "job %s is sent again, due in %.1f s: another delivery of it runs on a live worker "
         "(the broker delivered its message again, as after a lost connection)",
@@ -245,27 +246,48 @@ def latest_arguments(task: Any, stored: str) -> tuple[list[Any], dict[str, Any]]
     return args, kwargs
 
 
-def _send_again(task: Any, countdown: float) -> None:
+def _send_again(task: Any, countdown: float) -> float:
     # The same job going on (the re-send keeps its id, keys and retry count),
     # published without asking the store, as a retry is; a soft time limit
     # struck once it left would end this delivery as a failure.
+    countdown = min(countdown, redelivery_safe_s(task.app))
     with soft_limit_held_back(), resend.lease_covers_it():
         task.signature_from_request(task.request, countdown=countdown).apply_async()
         hold_to_the_end()
+    return countdown
+
+
+def redelivery_safe_s(app: Any) -> float:
+    """The longest countdown a job sent again may have: half the broker's
+    ``visibility_timeout``, if it has one.
+
+    A worker holds a message that is not due yet unacknowledged, and a Redis or
+    SQS broker delivers such a message again once it was held that long. Were a
+    copy sent again due later, the broker would make a copy of it; both come due
+    together, one runs, the other finds it running and is sent again, and so on,
+    one run a round, for ever. Due sooner, the copy comes back early, and is sent
+    again if what held it back still holds (its planned start is later, its job
+    still runs, the store is still silent).
+    """
+    try:
+        timeout_s = visibility_timeout_s(app)
+    except (TypeError, ValueError):
+        return math.inf  # a setting kombu refuses as well: the broker says so
+    return math.inf if timeout_s is None else timeout_s / 2
 
 
 def defer(task: Any, silent: StoreSilent) -> Deferred:
     """Send the job ``task`` runs again, due later; the exception that ends this delivery."""
     request = task.request
-    _send_again(task, DEFER_S)
+    due_s = _send_again(task, DEFER_S)
     logger.warning(
         "job %s is sent again, due in %s s: the uniqueness store did not answer before "
         "its run, and an unmarked run could overlap another job (%s)",
         request.id,
-        DEFER_S,
+        due_s,
         silent,
     )
-    return Deferred(f"store silent; sent again, due in {DEFER_S} s")
+    return Deferred(f"store silent; sent again, due in {due_s} s")
 
 
 def hand_over(task: Any) -> Callable[[], None] | None:

@@ -163,7 +163,7 @@ def build(spec: dict[str, Any], *, producer: bool = False) -> Celery:
         task_ignore_result=True,
         worker_prefetch_multiplier=spec.get("prefetch", 1),
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_transport_options={"visibility_timeout": spec.get("visibility_timeout_s", 3600)},
         result_expires=timedelta(seconds=spec["retention_s"]),
         unique_backend=spec["store_url"],
         unique_namespace=spec["namespace"],

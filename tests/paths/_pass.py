@@ -60,11 +60,12 @@ class Pass:
 
 
 @pytest.fixture
-def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[[str, str], Pass]]:
-    """Start a worker for one broker and pool; everything is stopped afterwards."""
+def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[..., Pass]]:
+    """Start a worker for one broker and pool (``visibility_timeout_s``: the Redis
+    broker's, an hour unless given); everything is stopped afterwards."""
     started: list[tuple[Worker, Celery, RedisStore, Any]] = []
 
-    def start(broker: str, pool: str) -> Pass:
+    def start(broker: str, pool: str, visibility_timeout_s: float = 3600) -> Pass:
         if broker == "rabbitmq":
             require_service("rabbitmq")
             broker_url = f"amqp://guest:guest@127.0.0.1:{service_port('rabbitmq')}//"
@@ -81,6 +82,7 @@ def matrix_pass(services: RedisServer, tmp_path: Path) -> Iterator[Callable[[str
             "lease_s": LEASE_S,
             "retention_s": RETENTION_S,
             "prefetch": PREFETCH,
+            "visibility_timeout_s": visibility_timeout_s,
         }
         module = f"pathsapp_{namespace.replace('-', '_')}"
         (tmp_path / f"{module}.py").write_text(

@@ -20,6 +20,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -159,3 +160,49 @@ def test_a_copy_delivered_while_the_job_runs_waits_for_the_run(
     assert first[1] is not None
     assert second[0] >= first[1], "the copy started before the first run ended"
     wait_for(lambda: run.store.get(stored) is None, "the release after the copy's run")
+
+
+#: The Redis broker's visibility timeout for the test of copies sent again.
+VISIBILITY_S = 4.0
+
+
+def messages_of(run: Pass, job_id: str) -> list[dict[str, Any]]:
+    """The job's messages the Redis broker holds: waiting in the queue, or taken by the
+    worker and not acknowledged yet (an ETA message waits there until it is due)."""
+    broker = run.broker_client()
+    found = [json.loads(raw) for raw in broker.lrange(run.spec["queue"], 0, -1)]
+    # An unacknowledged entry is [message, exchange, routing key].
+    found += [json.loads(entry)[0] for entry in broker.hvals("unacked")]
+    return [message for message in found if message["headers"]["id"] == job_id]
+
+
+def test_a_copy_sent_again_comes_back_before_the_broker_would_deliver_it_again(
+    matrix_pass: Callable[..., Pass],
+) -> None:
+    """A copy that finds its job running is sent again for later. The Redis broker
+    delivers again a message the worker held unacknowledged past ``visibility_timeout``,
+    a message waiting to be due among them: were the copy due later than that, the broker
+    would copy it, both would come due together, one would run and the other be sent
+    again, one run a round for ever. So it is due sooner, and the job runs twice in all:
+    its first delivery, and the copy once the first run released the key."""
+    run = matrix_pass("redis", "prefork", visibility_timeout_s=VISIBILITY_S)
+    key = f"copies:{uuid.uuid4().hex[:8]}"
+    job, raw = capture(run, "slow", key)
+    deliver(run, raw)
+    wait_for(lambda: spans(run, job), "the first copy's start")
+    deliver(run, raw)
+    waiting = wait_for(
+        lambda: [m for m in messages_of(run, job) if m["headers"].get("eta")],
+        "the copy sent again for later",
+    )
+    seen = datetime.now(timezone.utc)
+    due_in = datetime.fromisoformat(waiting[0]["headers"]["eta"]) - seen
+    assert due_in.total_seconds() <= VISIBILITY_S / 2, (
+        f"the copy is due in {due_in.total_seconds():.1f} s: the broker delivers it again "
+        f"after {VISIBILITY_S} s"
+    )
+    wait_for(lambda: len(spans(run, job)) == 2 and spans(run, job)[1][1], "the copy's run", 30)
+    # Nothing of the job is left in the broker: no copy of it can come any more.
+    wait_for(lambda: not messages_of(run, job), "the broker done with the job", 30)
+    assert len(spans(run, job)) == 2, f"job {job} ran {len(spans(run, job))} times"
+    wait_for(lambda: run.store.get(run.storage_key(key)) is None, "the release of the key")
