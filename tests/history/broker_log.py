@@ -5,17 +5,23 @@ off the queue's list, then records it as unacknowledged (``HSET unacked``)
 with a second command. A broker restarted, or a consumer killed or cut off,
 between the two loses the message: no worker ever sees it, and nothing is
 left in the broker to redeliver. The broker's append-only file (written with
-``appendfsync always``, never rewritten) shows it: the message was pushed
-and, after its last push, never recorded as unacknowledged.
+``appendfsync always``, never rewritten) shows it: replaying its pushes and
+pops, the message was taken off its list after its last push and never
+recorded as unacknowledged. Replayed, not guessed from the last command that
+names the message: a message still waiting in a list at the end is not lost
+(a run whose queue never empties must not hide the messages lost meanwhile).
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from pathlib import Path
 
 _PUSHES = {b"LPUSH", b"RPUSH"}
+#: How a blocking pop (BRPOP) is written to the append-only file, too.
+_POPS = {b"RPOP", b"LPOP"}
 
 
 def commands(data: bytes) -> Iterator[list[bytes]]:
@@ -48,20 +54,39 @@ def _task_id(raw: bytes | str) -> str | None:
 
 
 def message_states(aof_dir: Path) -> dict[str, str]:
-    """Each task message's last state in the broker's log: pushed, taken or removed.
+    """Each task message's last state in the broker's log: pushed, popped, taken or removed.
 
-    ``taken``: recorded as unacknowledged; ``removed``: its unacknowledged
-    entry deleted (acknowledged, rejected, or restored, with a push after it).
+    ``pushed``: waiting in its list; ``popped``: taken off its list and not
+    (yet) recorded as unacknowledged; ``taken``: recorded as unacknowledged;
+    ``removed``: its unacknowledged entry deleted (acknowledged, rejected, or
+    restored, with a push after it).
     """
     last: dict[str, str] = {}
     tags: dict[bytes, str] = {}
+    # Each list as the broker holds it: the id of each message, head first (kombu
+    # pushes at the head and pops from the tail; a restore pushes at either end).
+    lists: dict[bytes, deque[str | None]] = defaultdict(deque)
     for path in sorted(aof_dir.glob("*.incr.aof"), key=lambda p: int(p.name.split(".")[-3])):
         for command in commands(path.read_bytes()):
             name = command[0].upper()
             if name in _PUSHES:
                 for value in command[2:]:
-                    if (job := _task_id(value)) is not None:
+                    job = _task_id(value)
+                    if name == b"LPUSH":
+                        lists[command[1]].appendleft(job)
+                    else:
+                        lists[command[1]].append(job)
+                    if job is not None:
                         last[job] = "pushed"
+            elif name in _POPS:
+                held = lists[command[1]]
+                for _ in range(int(command[2]) if len(command) > 2 else 1):
+                    job = (held.pop() if name == b"RPOP" else held.popleft()) if held else None
+                    if job is not None and last.get(job) == "pushed":
+                        last[job] = "popped"
+            elif name == b"DEL":
+                for key in command[1:]:
+                    lists.pop(key, None)
             elif name == b"HSET" and command[1] == b"unacked":
                 for tag, value in zip(command[2::2], command[3::2], strict=False):
                     if (job := _task_id(value)) is not None:
@@ -75,13 +100,9 @@ def message_states(aof_dir: Path) -> dict[str, str]:
 
 
 def lost_in_transport(states: dict[str, str]) -> set[str]:
-    """Ids of task messages last pushed and then never recorded as unacknowledged
-    (``states`` from :func:`message_states`).
-
-    Only meaningful once the queues are empty: a message still waiting in a
-    list has that shape too.
-    """
-    return {job for job, state in states.items() if state == "pushed"}
+    """Ids of task messages taken off their list after their last push and never recorded
+    as unacknowledged (``states`` from :func:`message_states`)."""
+    return {job for job, state in states.items() if state == "popped"}
 
 
 def removed_unacknowledged(states: dict[str, str]) -> set[str]:

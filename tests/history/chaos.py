@@ -102,10 +102,20 @@ class Outcome:
     seconds: float
     history: History
     rendered: list[str] = field(default_factory=list)
+    #: Whether the broker emptied once the faults stopped (else the run never settled).
+    drained: bool = True
 
     @property
     def ok(self) -> bool:
-        return not self.report.violations
+        return self.drained and not self.report.violations
+
+    def failures(self) -> str:
+        """Why the run is not ok: the first violations, and a broker that never emptied."""
+        found = [v.render(self.history.origin) for v in self.report.violations[:5]]
+        if not self.drained:
+            drain = self.config.drain_s
+            found.insert(0, f"the broker still held messages {drain:g} s after the faults")
+        return "\n".join(found)
 
 
 class Run:
@@ -417,10 +427,12 @@ def run(config: Config) -> Outcome:
             process.join(timeout=120)
         actors.heal()
         actors.record("quiet", t=now())
-        drain(actors, directory, deadline=time.monotonic() + config.drain_s)
+        drained = drain(actors, directory, deadline=time.monotonic() + config.drain_s)
         time.sleep(SETTLE_S)  # the workers' last releases
         actors.record("keys", held=actors.snapshot_keys(), t=now())
-        if actors.broker is not None and actors.queue_empty():
+        if actors.broker is not None:
+            # Read whether or not the queues emptied: the log is replayed, so a
+            # message still waiting is not taken for lost.
             states = message_states(actors.broker.directory / "appendonlydir")
             for job in sorted(lost_in_transport(states)):
                 actors.record("transport_lost", job=job, t=now())
@@ -432,11 +444,14 @@ def run(config: Config) -> Outcome:
                 node.stop()
         history = History.load(directory)
         report = check(history)
-        return Outcome(config, report, actors.faults, time.monotonic() - began, history)
+        return Outcome(
+            config, report, actors.faults, time.monotonic() - began, history, drained=drained
+        )
 
 
-def drain(actors: Run, directory: Path, deadline: float) -> None:
-    """Wait until the broker holds no message and every created job ended (or ``deadline``).
+def drain(actors: Run, directory: Path, deadline: float) -> bool:
+    """Wait until the broker holds no message and every created job ended (or ``deadline``);
+    whether the broker emptied.
 
     Jobs that will never end (their message is gone) stop the wait once the
     broker is empty and no job has ended for :data:`STALLED_S`.
@@ -450,10 +465,11 @@ def drain(actors: Run, directory: Path, deadline: float) -> None:
                 unended, since = left, time.monotonic()
             steady += 1
             if steady >= 3 and (left == 0 or time.monotonic() - since > STALLED_S):
-                return
+                return True
         else:
             steady = 0
         time.sleep(1.0)
+    return actors.queue_empty()
 
 
 def render(outcome: Outcome) -> str:
@@ -463,6 +479,7 @@ def render(outcome: Outcome) -> str:
         ("seed", str(outcome.config.seed)),
         ("broker", outcome.config.broker),
         ("duration", f"{outcome.seconds:.0f} s ({outcome.config.seconds:.0f} s of faults)"),
+        ("broker emptied after the faults", "yes" if outcome.drained else "NO"),
         ("dispatches", f"{counts['dispatches']:,}"),
         ("created", f"{counts['created']:,}"),
         ("reused", f"{counts['reused']:,}"),

@@ -460,7 +460,8 @@ def test_i3_counts_a_requeue_the_broker_log_shows_dropped_apart() -> None:
 def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     tmp_path: Path,
 ) -> None:
-    """Pushed, popped, never recorded unacknowledged: lost; recorded: delivered."""
+    """Pushed, popped, never recorded unacknowledged: lost; recorded: delivered; still in
+    its list at the end: waiting, not lost."""
 
     def resp(*args: str) -> bytes:
         out = f"*{len(args)}\r\n".encode()
@@ -474,19 +475,22 @@ def test_the_broker_log_shows_messages_taken_off_a_list_and_never_delivered(
     aof = resp("LPUSH", "q", message("lost"))
     aof += resp("LPUSH", "q", message("delivered")) + resp("RPOP", "q") + resp("RPOP", "q")
     aof += resp("HSET", "unacked", "tag-1", json.dumps([message("delivered"), "q", "q"]))
-    aof += resp("LPUSH", "q", message("requeued"))
-    aof += resp("HSET", "unacked", "tag-2", json.dumps([message("requeued"), "q", "q"]))
-    aof += resp("LPUSH", "q", message("requeued")) + resp("RPOP", "q")
-    aof += resp("LPUSH", "q", message("acked")) + resp("RPOP", "q")
-    aof += resp("HSET", "unacked", "tag-3", json.dumps([message("acked"), "q", "q"]))
+    aof += resp("LPUSH", "q", message("waiting"))  # never taken: waits to the end
+    aof += resp("LPUSH", "p", message("requeued")) + resp("RPOP", "p")
+    aof += resp("HSET", "unacked", "tag-2", json.dumps([message("requeued"), "p", "p"]))
+    aof += resp("LPUSH", "p", message("requeued")) + resp("RPOP", "p")
+    aof += resp("LPUSH", "p", message("acked")) + resp("RPOP", "p")
+    aof += resp("HSET", "unacked", "tag-3", json.dumps([message("acked"), "p", "p"]))
     aof += resp("HDEL", "unacked", "tag-3")
-    aof += resp("LPUSH", "q", message("restored")) + resp("RPOP", "q")
-    aof += resp("HSET", "unacked", "tag-4", json.dumps([message("restored"), "q", "q"]))
-    aof += resp("HDEL", "unacked", "tag-4") + resp("LPUSH", "q", message("restored"))
+    aof += resp("LPUSH", "p", message("restored")) + resp("RPOP", "p")
+    aof += resp("HSET", "unacked", "tag-4", json.dumps([message("restored"), "p", "p"]))
+    aof += resp("HDEL", "unacked", "tag-4") + resp("RPUSH", "p", message("restored"))
+    aof += resp("LPUSH", "p", message("later")) + resp("RPOP", "p")  # the restored one
     (tmp_path / "appendonly.aof.1.incr.aof").write_bytes(aof)
     states = message_states(tmp_path)
     assert lost_in_transport(states) == {"lost", "requeued", "restored"}
     assert removed_unacknowledged(states) == {"acked"}
+    assert (states["waiting"], states["later"]) == ("pushed", "pushed")
 
 
 def test_i3_a_delivery_timed_out_before_its_body_is_an_end() -> None:
