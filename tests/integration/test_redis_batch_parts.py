@@ -78,6 +78,20 @@ def test_parts_are_bounded_by_count_and_by_size() -> None:
     assert script_parts(heavy) == [(0, 2), (2, 4), (4, 5)]
 
 
+@pytest.mark.parametrize("size", [MAX_CLAIMS_PER_SCRIPT, MAX_CLAIMS_PER_SCRIPT + 1])
+def test_a_batch_one_claim_over_the_cap_is_the_first_in_two_parts(
+    server: RedisServer, size: int
+) -> None:
+    store = RedisStore.from_url(server.url())
+    try:
+        before = scripts_run(server)
+        decisions = store.decide([claim(n) for n in range(size)])
+        assert scripts_run(server) - before == (1 if size == MAX_CLAIMS_PER_SCRIPT else 2)
+    finally:
+        store.close()
+    assert [d.verdict for d in decisions] == [Verdict.CREATED] * size
+
+
 def test_a_large_batch_goes_in_parts_and_each_sees_the_parts_before_it(
     server: RedisServer,
 ) -> None:

@@ -8,6 +8,7 @@ failing would show a layout or grouping mistake at once.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,9 @@ from celery_unique import (
     dispatch_many,
 )
 from celery_unique import config as unique_config
+from celery_unique.exceptions import BackendUnavailable
 from celery_unique.keys import keyspace
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import Store, Verdict
 from celery_unique.stores.redis import RedisStore
 from celery_unique.testing import held_keys
@@ -188,3 +191,35 @@ def test_an_all_or_nothing_batch_refused_in_its_one_slot_leaves_earlier_holds_al
     held = store.get(contract.A)
     assert held is not None
     assert held.job_id == "j1"
+
+
+def test_a_decision_the_cluster_did_not_answer_may_have_been_applied_and_is_undone(
+    cluster_url: str, store: Store
+) -> None:
+    """Redis Cluster routes each command itself, so no connection names a request whose
+    reply did not come: the error says the decision may have been applied, and an undo of
+    its claims is owed (repeated for a while: nothing tells when a late request lands)."""
+    timed = RedisStore.from_url(f"{cluster_url}?socket_timeout=0.2")
+    nodes = [redis.Redis(host=n.host, port=n.port) for n in timed.client.get_nodes()]
+    try:
+        warm = timed.decide([contract.active("warm", key=contract.B)])
+        assert warm[0].verdict is Verdict.CREATED
+        owed = cleanup.pending()
+        for node in nodes:  # writes wait, longer than redis-py's retries: unpaused below
+            node.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")
+        with pytest.raises(BackendUnavailable) as lost:
+            timed.decide([contract.active("lost")])
+        assert lost.value.maybe_applied is True
+        assert cleanup.pending() > owed, "no undo is owed for the lost decision"
+        for node in nodes:
+            node.execute_command("CLIENT", "UNPAUSE")
+        deadline = time.monotonic() + 10
+        while (held := store.get(contract.A)) is not None:
+            assert time.monotonic() < deadline, f"the lost decision still holds its key: {held}"
+            time.sleep(0.05)
+    finally:
+        cleanup.discard(timed)
+        for node in nodes:
+            node.execute_command("CLIENT", "UNPAUSE")
+            node.close()
+        timed.close()

@@ -463,3 +463,49 @@ def test_a_decision_refused_before_its_script_ran_owes_no_undo(keyless_url: str)
     finally:
         cleanup.discard(built)
         built.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "dropped"),
+    [(OSError("connection reset by peer"), True), (redis.ConnectionError("reset"), False)],
+    ids=["from-the-socket", "from-redis-py"],
+)
+def test_only_an_error_redis_py_did_not_see_drops_the_idle_connections(
+    redis_client: Any, redis_url: str, error: Exception, dropped: bool
+) -> None:
+    """An error raised from under redis-py (its socket's own) left the connections as
+    they were, one of them broken: the store drops the idle ones. redis-py disconnects
+    the connection of an error it raised itself, and the others are sound: kept."""
+    name = f"calls-{uuid.uuid4().hex[:8]}"
+    built = RedisStore.from_url(f"{redis_url}?client_name={name}")
+    try:
+        built.decide([claim("e1"), claim("e2")])
+        scanning = built.scan()
+        next(scanning)
+        before = connections_named(redis_client, name)
+        assert before >= 2, "an idle connection of the pool beside the thread's own"
+        with pytest.raises(BackendUnavailable):
+            scanning.throw(error)
+        assert connections_named(redis_client, name) == (1 if dropped else before)
+    finally:
+        built.close()
+
+
+@pytest.mark.parametrize(
+    ("stored", "runs"),
+    [("", "calls.task"), ("calls.task", "calls.task"), ("calls.job", "calls.tail")],
+    ids=["unprefixed", "its-own-task", "another-task"],
+)
+def test_a_run_that_takes_a_free_key_keeps_the_name_of_its_task(
+    store: RedisStore, stored: str, runs: str
+) -> None:
+    """A run whose key nobody holds (its lease ran out) takes it again: the key reads back
+    with the run's task, whether the key names a task (that one, or the one the run
+    replaced) or not (``unique_prefix=False``)."""
+    free = key(f"free-{uuid.uuid4().hex[:6]}", task=stored)
+    assert (
+        store.begin_run("job-f", free, RunStart("run-1", Scope.ACTIVE, runs, 60_000)).holder is None
+    )
+    held = store.get(free)
+    assert held is not None
+    assert (held.job_id, held.task) == ("job-f", runs)
