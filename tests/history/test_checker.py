@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.history.broker_log import lost_in_transport, message_states, removed_unacknowledged
+from tests.history.chaos import Config, Outcome
 from tests.history.checker import History, check
 
 S = 1_000_000_000  # a second, in the histories' nanoseconds
@@ -755,3 +757,16 @@ def test_a_failed_publish_that_landed_leaves_its_window_to_the_next_request() ->
         released("U1", 2.21),
     ]
     assert violations(history(*events)) == {}
+
+
+def test_a_run_whose_broker_never_emptied_is_not_ok_whatever_its_history() -> None:
+    """A job sent round and round (each round one run, one copy sent again) breaks no
+    invariant of the history, but the run never settles: it fails, and says why."""
+    clean = history(dispatch(1.0, created("J1")), run("J1", 1.1, 1.2), released("J1", 1.3))
+    report = check(clean)
+    assert not report.violations
+    settled = Outcome(Config(seconds=1, seed=1), report, Counter(), 1.0, clean)
+    assert settled.ok
+    stuck = Outcome(Config(seconds=1, seed=1), report, Counter(), 1.0, clean, drained=False)
+    assert not stuck.ok
+    assert "the broker still held messages 90 s after the faults" in stuck.failures()
