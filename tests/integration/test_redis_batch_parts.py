@@ -10,12 +10,15 @@ server's own count of scripts run is this test's alone.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
+from celery_unique.exceptions import BackendUnavailable
+from celery_unique.stores import cleanup
 from celery_unique.stores.base import ActiveClaim, Claim, Scope, Verdict, WindowClaim
 from celery_unique.stores.redis import MAX_CLAIMS_PER_SCRIPT, RedisStore, script_parts
 from tests.processes import RedisServer, free_port, require_redis_server
@@ -151,3 +154,28 @@ def test_continue_on_conflict_decides_every_part(server: RedisServer) -> None:
     assert decisions[1_700].verdict.failed
     assert sum(d.verdict is Verdict.CREATED for d in decisions) == 2_499
     assert len(held) == 2_500  # the 2,499 and the window's first job
+
+
+def test_a_batch_failing_in_a_later_part_may_have_been_applied_and_is_undone_whole(
+    server: RedisServer,
+) -> None:
+    """Part two's script fails on a key that is not the store's (another client's list):
+    part one was written, so the error says the batch may have been applied, and every
+    claim of the batch is undone."""
+    store = RedisStore.from_url(server.url())
+    client = redis.Redis.from_url(server.url())
+    try:
+        claims = [claim(n) for n in range(MAX_CLAIMS_PER_SCRIPT + 1)]
+        client.rpush(claims[-1].active.key, "not a hold")  # type: ignore[union-attr]
+        with pytest.raises(BackendUnavailable) as failed:
+            store.decide(claims)
+        assert failed.value.maybe_applied is True
+        client.delete(claims[-1].active.key)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 10
+        while held := list(store.scan()):
+            assert time.monotonic() < deadline, f"{len(held)} keys of the batch still held"
+            time.sleep(0.05)
+    finally:
+        cleanup.discard(store)
+        store.close()
+        client.close()
