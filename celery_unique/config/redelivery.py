@@ -23,7 +23,8 @@ def visibility_timeout_s(app: Any) -> float | None:
     ``None`` where time alone never does (AMQP, memory).
 
     Read as kombu reads it: a number, or a string of one (settings from the
-    environment). A value kombu could not use either raises ``ValueError``.
+    environment). A value kombu could not use either raises ``ValueError`` or
+    ``TypeError``.
     """
     broker = app.conf.broker_url or ""
     if not isinstance(broker, str) or scheme_of(broker).split("+")[0] not in VISIBILITY_TRANSPORTS:
