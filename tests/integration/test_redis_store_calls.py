@@ -493,8 +493,13 @@ def test_only_an_error_redis_py_did_not_see_drops_the_idle_connections(
 
 @pytest.mark.parametrize(
     ("stored", "runs"),
-    [("", "calls.task"), ("calls.task", "calls.task"), ("calls.job", "calls.tail")],
-    ids=["unprefixed", "its-own-task", "another-task"],
+    [
+        ("", "calls.task"),
+        ("calls.task", "calls.task"),
+        ("calls.job", "calls.tail"),
+        ("calls.tail", "calls.job"),
+    ],
+    ids=["unprefixed", "its-own-task", "another-task", "another-task-sorting-before"],
 )
 def test_a_run_that_takes_a_free_key_keeps_the_name_of_its_task(
     store: RedisStore, stored: str, runs: str
