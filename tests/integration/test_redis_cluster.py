@@ -223,3 +223,17 @@ def test_a_decision_the_cluster_did_not_answer_may_have_been_applied_and_is_undo
             node.execute_command("CLIENT", "UNPAUSE")
             node.close()
         timed.close()
+
+
+def test_an_all_or_nothing_batch_refused_in_one_of_two_slots_rolls_the_other_back(
+    store: Store,
+) -> None:
+    """Two slots, two scripts: the one refused wrote nothing, the other created its claim.
+    All or nothing, so what the other slot created is rolled back."""
+    other = contract.W.replace("{ns}", "{elsewhere}")
+    assert store.decide([contract.windowed("w1", fp="fp1", key=other)])[0].verdict is (
+        Verdict.CREATED
+    )
+    refused = store.decide([contract.active("j1"), contract.windowed("w2", fp="fp2", key=other)])
+    assert refused[1].verdict is Verdict.CONFLICT
+    assert store.get(contract.A) is None, "the claim the other slot created stayed held"
