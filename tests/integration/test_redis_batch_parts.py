@@ -179,3 +179,29 @@ def test_a_batch_failing_in_a_later_part_may_have_been_applied_and_is_undone_who
         cleanup.discard(store)
         store.close()
         client.close()
+
+
+def test_an_interrupt_between_parts_rolls_back_what_the_parts_before_it_created(
+    server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A soft time limit (here a KeyboardInterrupt) strikes as part two is sent: what
+    part one created is rolled back before the interrupt goes on."""
+    store = RedisStore.from_url(server.url())
+    calls = 0
+    real_call = store._call
+
+    def interrupted(name: str, *args: object) -> object:
+        nonlocal calls
+        calls += 1
+        if name == "decide" and calls == 2:
+            raise KeyboardInterrupt
+        return real_call(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "_call", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.decide([claim(n) for n in range(MAX_CLAIMS_PER_SCRIPT + 1)])
+        assert calls >= 2
+        assert list(store.scan()) == []
+    finally:
+        store.close()
