@@ -428,23 +428,6 @@ def test_a_scan_left_part_way_keeps_the_stores_connections(
         built.close()
 
 
-def test_an_interrupted_scan_drops_the_stores_idle_connections(
-    redis_client: Any, redis_url: str
-) -> None:
-    name = f"calls-{uuid.uuid4().hex[:8]}"
-    built = RedisStore.from_url(f"{redis_url}?client_name={name}")
-    try:
-        built.decide([claim("s1"), claim("s2")])
-        scanning = built.scan()
-        next(scanning)
-        with pytest.raises(KeyboardInterrupt):
-            scanning.throw(KeyboardInterrupt())
-        # The pool's idle connection went; the thread's own (the decision's) stays.
-        assert connections_named(redis_client, name) == 1
-    finally:
-        built.close()
-
-
 @pytest.fixture
 def keyless_url(redis_url: str) -> Iterator[str]:
     """The test database's URL as a user who may run every command on no key of the store."""
@@ -466,16 +449,21 @@ def test_a_decision_refused_before_its_script_ran_owes_no_undo(keyless_url: str)
 
 
 @pytest.mark.parametrize(
-    ("error", "dropped"),
-    [(OSError("connection reset by peer"), True), (redis.ConnectionError("reset"), False)],
-    ids=["from-the-socket", "from-redis-py"],
+    ("error", "raised", "dropped"),
+    [
+        (KeyboardInterrupt(), KeyboardInterrupt, True),
+        (OSError("connection reset by peer"), BackendUnavailable, True),
+        (redis.ConnectionError("reset"), BackendUnavailable, False),
+    ],
+    ids=["interrupted", "from-the-socket", "from-redis-py"],
 )
-def test_only_an_error_redis_py_did_not_see_drops_the_idle_connections(
-    redis_client: Any, redis_url: str, error: Exception, dropped: bool
+def test_a_scan_ended_by_an_error_redis_py_did_not_see_drops_the_idle_connections(
+    redis_client: Any, redis_url: str, error: BaseException, raised: type, dropped: bool
 ) -> None:
-    """An error raised from under redis-py (its socket's own) left the connections as
-    they were, one of them broken: the store drops the idle ones. redis-py disconnects
-    the connection of an error it raised itself, and the others are sound: kept."""
+    """An interrupt, or an error from under redis-py (its socket's own), may leave a
+    connection with its reply unread or broken: the store drops the pool's idle ones (the
+    thread's own, the decision's, stays). redis-py disconnects the connection of an error
+    it raised itself, and the others are sound: kept."""
     name = f"calls-{uuid.uuid4().hex[:8]}"
     built = RedisStore.from_url(f"{redis_url}?client_name={name}")
     try:
@@ -484,7 +472,7 @@ def test_only_an_error_redis_py_did_not_see_drops_the_idle_connections(
         next(scanning)
         before = connections_named(redis_client, name)
         assert before >= 2, "an idle connection of the pool beside the thread's own"
-        with pytest.raises(BackendUnavailable):
+        with pytest.raises(raised):
             scanning.throw(error)
         assert connections_named(redis_client, name) == (1 if dropped else before)
     finally:
