@@ -74,21 +74,17 @@ def _carrying_on(
     the send (struck in between, it would fail a job another message carries
     on), and to the end of the run once the message left (see
     :mod:`celery_unique.worker.limits`); if it strikes while the store marks the
-    hand-over, it waits for the store's answer, then the run fails and its end
-    takes the mark back (see :mod:`celery_unique.worker.fates`). An error raised
-    once the message left ends the run as ``then`` says (replaced, retried), and
-    so does any error the body raises afterwards (see ``__call__``); one raised
-    before the send takes the mark back.
+    hand-over, the run fails and its end takes the mark back (see
+    :mod:`celery_unique.worker.fates`). An error raised once the message left
+    ends the run as ``then`` says (replaced, retried), and so does any error the
+    body raises afterwards (see ``__call__``); one raised before the send takes
+    the mark back.
     """
     request = task.request
     # The gate counts what leaves; a pool child that never dispatched a unique
     # job has not installed it yet.
     install_gate(task.app)
-    # Held back over the hand-over too: struck inside the store call, the limit would
-    # leave the request on its way, to land after the run's end took the mark back,
-    # and the mark would keep the key from the run's release until the lease.
-    with nullcontext() if eager else soft_limit_held_back():
-        undo = None if eager else runs.hand_over(task)
+    undo = None if eager else runs.hand_over(task)
     with resend.counting_sends() as sent:
         try:
             with nullcontext() if eager else soft_limit_held_back():

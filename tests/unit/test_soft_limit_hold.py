@@ -18,7 +18,6 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 from billiard.pool import soft_timeout_sighandler
 
-from celery_unique import task as task_module
 from celery_unique.exceptions import BackendUnavailable
 from celery_unique.stores.base import RunStart, Scope
 from celery_unique.worker import limits, runs
@@ -144,27 +143,3 @@ def test_a_limit_striking_between_two_asks_of_a_silent_store_defers_the_run(
     with pytest.raises(runs.StoreSilent):
         runs._start_waiting(store, "j1", "k", start, patient=True)  # type: ignore[arg-type]
     assert store.asked == 1
-
-
-def test_a_limit_striking_while_the_store_marks_a_hand_over_waits_for_its_answer(
-    soft_limit: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A retry or replacement marks its key as handed over before it sends. Struck inside
-    that store call, the limit would leave the request on its way: landing after the
-    failed run's end took the mark back, the mark would keep the key from the run's
-    release until the lease (a chaos run saw it). So the limit waits for the store's
-    answer, and strikes before anything is sent."""
-    happened: list[str] = []
-
-    def hand_over(task: object) -> object:
-        _send_limit()  # the limit strikes while the store is asked
-        happened.append("the store answered the hand-over")
-        return lambda: happened.append("taken back")
-
-    monkeypatch.setattr(runs, "hand_over", hand_over)
-    monkeypatch.setattr(task_module, "install_gate", lambda app: None)
-    retrying = SimpleNamespace(app=None, request=SimpleNamespace(id="j1"))
-    carrying_on = task_module._carrying_on(retrying, False, lambda job, error: error)
-    with pytest.raises(SoftTimeLimitExceeded), carrying_on:
-        happened.append("sent")
-    assert happened == ["the store answered the hand-over"]
